@@ -1,0 +1,19 @@
+//! rknot: serve compressed LLM weights as plain fp32 tensors.
+//!
+//! Layers, bottom up (see docs/ARCHITECTURE.md):
+//! - [`source`]: positioned reads of source files (no mmap, no SIGBUS);
+//! - [`quant`]: ggml dequantization kernels;
+//! - [`format`]: readers and writers of .rknot, SK32, dense .knot and GGUF;
+//! - [`names`]: tensor spelling and aliasing;
+//! - [`backend`]: one trait over all of them, plus the layered
+//!   primary + fallback backend.
+
+pub mod backend;
+pub mod error;
+pub mod format;
+pub mod names;
+pub mod quant;
+pub mod report;
+pub mod source;
+
+pub use error::{Error, ErrorKind, Result};
