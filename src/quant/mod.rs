@@ -1,0 +1,250 @@
+//! ggml tensor types and their dequantization kernels.
+//!
+//! The kernels are bit-exact against the `gguf` Python package's
+//! `gguf.quants.dequantize` (which follows ggml's reference C code): every
+//! float operation is done in f32, in the same order, without fused
+//! multiply-add. `tests/ggml_vectors.rs` checks them on committed vectors.
+
+mod float;
+mod kquants;
+mod legacy;
+
+pub use float::{bf16_bits_to_f32, f16_bits_to_f32};
+
+/// Elements per super-block of the k-quants.
+pub const QK_K: usize = 256;
+
+/// Every tensor type a GGUF file can declare (ggml numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q8K,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq3Xxs,
+    Iq1S,
+    Iq4Nl,
+    Iq3S,
+    Iq2S,
+    Iq4Xs,
+    I8,
+    I16,
+    I32,
+    I64,
+    F64,
+    Iq1M,
+    Bf16,
+    Tq1_0,
+    Tq2_0,
+    Mxfp4,
+    Nvfp4,
+    Q1_0,
+}
+
+/// (type, ggml id, lower-case name, elements per block, bytes per block)
+const TYPES: &[(GgmlType, u32, &str, u64, u64)] = &[
+    (GgmlType::F32, 0, "f32", 1, 4),
+    (GgmlType::F16, 1, "f16", 1, 2),
+    (GgmlType::Q4_0, 2, "q4_0", 32, 18),
+    (GgmlType::Q4_1, 3, "q4_1", 32, 20),
+    (GgmlType::Q5_0, 6, "q5_0", 32, 22),
+    (GgmlType::Q5_1, 7, "q5_1", 32, 24),
+    (GgmlType::Q8_0, 8, "q8_0", 32, 34),
+    (GgmlType::Q8_1, 9, "q8_1", 32, 40),
+    (GgmlType::Q2K, 10, "q2_k", 256, 84),
+    (GgmlType::Q3K, 11, "q3_k", 256, 110),
+    (GgmlType::Q4K, 12, "q4_k", 256, 144),
+    (GgmlType::Q5K, 13, "q5_k", 256, 176),
+    (GgmlType::Q6K, 14, "q6_k", 256, 210),
+    (GgmlType::Q8K, 15, "q8_k", 256, 292),
+    (GgmlType::Iq2Xxs, 16, "iq2_xxs", 256, 66),
+    (GgmlType::Iq2Xs, 17, "iq2_xs", 256, 74),
+    (GgmlType::Iq3Xxs, 18, "iq3_xxs", 256, 98),
+    (GgmlType::Iq1S, 19, "iq1_s", 256, 50),
+    (GgmlType::Iq4Nl, 20, "iq4_nl", 32, 18),
+    (GgmlType::Iq3S, 21, "iq3_s", 256, 110),
+    (GgmlType::Iq2S, 22, "iq2_s", 256, 82),
+    (GgmlType::Iq4Xs, 23, "iq4_xs", 256, 136),
+    (GgmlType::I8, 24, "i8", 1, 1),
+    (GgmlType::I16, 25, "i16", 1, 2),
+    (GgmlType::I32, 26, "i32", 1, 4),
+    (GgmlType::I64, 27, "i64", 1, 8),
+    (GgmlType::F64, 28, "f64", 1, 8),
+    (GgmlType::Iq1M, 29, "iq1_m", 256, 56),
+    (GgmlType::Bf16, 30, "bf16", 1, 2),
+    (GgmlType::Tq1_0, 34, "tq1_0", 256, 54),
+    (GgmlType::Tq2_0, 35, "tq2_0", 256, 66),
+    (GgmlType::Mxfp4, 39, "mxfp4", 32, 17),
+    (GgmlType::Nvfp4, 40, "nvfp4", 64, 36),
+    (GgmlType::Q1_0, 41, "q1_0", 128, 18),
+];
+
+/// The types this crate decodes (and that dense .knot may declare).
+pub const DECODABLE: &[GgmlType] = &[
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+impl GgmlType {
+    fn row(self) -> &'static (GgmlType, u32, &'static str, u64, u64) {
+        // Every variant has exactly one row in TYPES (checked by a test).
+        TYPES.iter().find(|r| r.0 == self).unwrap_or(&TYPES[0])
+    }
+
+    pub fn from_id(id: u32) -> Option<Self> {
+        TYPES.iter().find(|r| r.1 == id).map(|r| r.0)
+    }
+
+    pub fn id(self) -> u32 {
+        self.row().1
+    }
+
+    /// Lower-case name as used in dense .knot (`q4_k`, `bf16`, ...).
+    pub fn name(self) -> &'static str {
+        self.row().2
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        let lower = name.to_ascii_lowercase();
+        TYPES.iter().find(|r| r.2 == lower).map(|r| r.0)
+    }
+
+    /// Elements per block.
+    pub fn block_elems(self) -> u64 {
+        self.row().3
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> u64 {
+        self.row().4
+    }
+
+    pub fn is_decodable(self) -> bool {
+        DECODABLE.contains(&self)
+    }
+
+    /// Stored bytes for `n` elements; `None` if `n` is not a whole number of
+    /// blocks or the size overflows.
+    pub fn bytes_for(self, n: u64) -> Option<u64> {
+        if !n.is_multiple_of(self.block_elems()) {
+            return None;
+        }
+        (n / self.block_elems()).checked_mul(self.block_bytes())
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name().to_ascii_uppercase())
+    }
+}
+
+/// Why a kernel refused its input. The callers turn this into a file error
+/// with path, tensor and offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// This type is not decodable.
+    Unsupported(GgmlType),
+    /// `src.len()` is not `out.len() / block_elems * block_bytes`, or
+    /// `out.len()` is not a whole number of blocks.
+    Size { src: usize, out: usize },
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelError::Unsupported(t) => write!(f, "tensor type {t} is not supported"),
+            KernelError::Size { src, out } => write!(
+                f,
+                "kernel size mismatch: {src} source bytes for {out} output elements"
+            ),
+        }
+    }
+}
+
+/// Dequantize whole blocks: `src` holds `out.len() / block_elems` blocks of
+/// `ty`, verbatim ggml layout; `out` receives the f32 values in order.
+pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
+    let be = ty.block_elems() as usize;
+    let bb = ty.block_bytes() as usize;
+    if !out.len().is_multiple_of(be) || src.len() != out.len() / be * bb {
+        return Err(KernelError::Size {
+            src: src.len(),
+            out: out.len(),
+        });
+    }
+    match ty {
+        GgmlType::F32 => float::f32_le(src, out),
+        GgmlType::F16 => float::f16_le(src, out),
+        GgmlType::Bf16 => float::bf16_le(src, out),
+        GgmlType::Q4_0 => legacy::q4_0(src, out),
+        GgmlType::Q4_1 => legacy::q4_1(src, out),
+        GgmlType::Q5_0 => legacy::q5_0(src, out),
+        GgmlType::Q5_1 => legacy::q5_1(src, out),
+        GgmlType::Q8_0 => legacy::q8_0(src, out),
+        GgmlType::Q2K => kquants::q2_k(src, out),
+        GgmlType::Q3K => kquants::q3_k(src, out),
+        GgmlType::Q4K => kquants::q4_k(src, out),
+        GgmlType::Q5K => kquants::q5_k(src, out),
+        GgmlType::Q6K => kquants::q6_k(src, out),
+        other => return Err(KernelError::Unsupported(other)),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_table_is_consistent() {
+        for r in TYPES {
+            assert_eq!(GgmlType::from_id(r.1), Some(r.0));
+            assert_eq!(GgmlType::from_name(r.2), Some(r.0));
+            assert_eq!(r.0.row().1, r.1, "{:?} must have one row", r.0);
+        }
+        assert_eq!(GgmlType::from_id(4), None);
+        assert_eq!(GgmlType::from_name("Q4_K"), Some(GgmlType::Q4K));
+        assert_eq!(GgmlType::Q4K.bytes_for(512), Some(288));
+        assert_eq!(GgmlType::Q4K.bytes_for(100), None);
+    }
+
+    #[test]
+    fn size_mismatch_is_an_error_not_a_panic() {
+        let mut out = vec![0f32; 32];
+        assert!(matches!(
+            dequantize(GgmlType::Q8_0, &[0u8; 33], &mut out),
+            Err(KernelError::Size { .. })
+        ));
+        let mut out = vec![0f32; 31];
+        assert!(dequantize(GgmlType::Q8_0, &[0u8; 34], &mut out).is_err());
+        let mut out = vec![0f32; 256];
+        assert_eq!(
+            dequantize(GgmlType::Iq2Xxs, &[0u8; 66], &mut out),
+            Err(KernelError::Unsupported(GgmlType::Iq2Xxs))
+        );
+    }
+}
