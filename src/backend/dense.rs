@@ -1,0 +1,172 @@
+//! Dense backend: ggml blocks at known offsets (GGUF and dense .knot).
+
+use crate::backend::{
+    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
+    origin,
+};
+use crate::error::{ErrorKind, Result, err};
+use crate::format::FileFormat;
+use crate::format::gguf::GgufFile;
+use crate::format::knot::DenseKnotFile;
+use crate::names::TensorName;
+use crate::quant::{self, GgmlType};
+use crate::source::SourceFile;
+
+struct Extent {
+    ty: GgmlType,
+    /// Absolute offset of the tensor's first block.
+    offset: u64,
+}
+
+pub struct DenseBackend {
+    src: SourceFile,
+    summary: SourceSummary,
+    table: TensorTable,
+    extents: Vec<Extent>,
+}
+
+impl DenseBackend {
+    pub fn from_gguf(src: SourceFile, g: GgufFile, role: Role) -> Result<Self> {
+        let org = origin(role, FileFormat::Gguf, src.path());
+        let mut table = TensorTable::default();
+        let mut extents = Vec::with_capacity(g.tensors.len());
+        for t in &g.tensors {
+            let name = TensorName::from_stored(&t.name).map_err(|e| e.path(src.path()))?;
+            // GGUF dims are ne-order (ne0 fastest); served outer-first.
+            let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
+            let info = TensorInfo {
+                name,
+                shape,
+                n_elements: t.n_elements,
+                stored: StoredType::Ggml(t.ty),
+                stored_bytes: t.n_bytes,
+                origin: org.clone(),
+                availability: availability(t.ty),
+                granule: t.ty.block_elems(),
+            };
+            table
+                .push(info, &t.name)
+                .map_err(|e| e.path(src.path()).at(t.offset))?;
+            extents.push(Extent {
+                ty: t.ty,
+                offset: t.offset,
+            });
+        }
+        let summary = SourceSummary {
+            format: FileFormat::Gguf,
+            version: g.version,
+            path: src.path().to_path_buf(),
+            notes: vec![format!(
+                "alignment {}, data section at byte {}",
+                g.alignment, g.data_offset
+            )],
+            metadata: g.metadata,
+        };
+        Ok(DenseBackend {
+            src,
+            summary,
+            table,
+            extents,
+        })
+    }
+
+    pub fn from_knot(src: SourceFile, k: DenseKnotFile, role: Role) -> Result<Self> {
+        let org = origin(role, FileFormat::DenseKnot, src.path());
+        let mut table = TensorTable::default();
+        let mut extents = Vec::with_capacity(k.tensors.len());
+        for t in &k.tensors {
+            let name = TensorName::from_stored(&t.name).map_err(|e| e.path(src.path()))?;
+            let info = TensorInfo {
+                name,
+                shape: t.shape.clone(),
+                n_elements: t.n_elements,
+                stored: StoredType::Ggml(t.ty),
+                stored_bytes: t.length,
+                origin: org.clone(),
+                availability: availability(t.ty),
+                granule: t.ty.block_elems(),
+            };
+            table
+                .push(info, &t.name)
+                .map_err(|e| e.path(src.path()).at(t.offset))?;
+            extents.push(Extent {
+                ty: t.ty,
+                offset: t.offset,
+            });
+        }
+        let summary = SourceSummary {
+            format: FileFormat::DenseKnot,
+            version: 1,
+            path: src.path().to_path_buf(),
+            notes: vec![format!("payload at byte {}", k.payload_base)],
+            metadata: k.metadata,
+        };
+        Ok(DenseBackend {
+            src,
+            summary,
+            table,
+            extents,
+        })
+    }
+}
+
+fn availability(ty: GgmlType) -> Availability {
+    if ty.is_decodable() {
+        Availability::Available
+    } else {
+        Availability::Unavailable(format!("tensor type {ty} is not supported by this build"))
+    }
+}
+
+impl Backend for DenseBackend {
+    fn summary(&self) -> &SourceSummary {
+        &self.summary
+    }
+
+    fn tensors(&self) -> &TensorTable {
+        &self.table
+    }
+
+    fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
+        let (info, ext) = match (self.table.info(index), self.extents.get(index)) {
+            (Some(i), Some(e)) => (i, e),
+            _ => {
+                return Err(err(
+                    ErrorKind::NotFound,
+                    format!("no tensor with index {index}"),
+                ));
+            }
+        };
+        check_read(info, first_elem, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let be = ext.ty.block_elems();
+        let bb = ext.ty.block_bytes();
+        let end = first_elem + out.len() as u64;
+        let b0 = first_elem / be;
+        let b1 = end.div_ceil(be);
+        // Within the tensor (checked above), whose byte range was validated
+        // against the file at open.
+        let off = ext.offset + b0 * bb;
+        let mut raw = vec![0u8; ((b1 - b0) * bb) as usize];
+        self.src
+            .read_at(off, &mut raw)
+            .map_err(|e| e.tensor(&info.name.dot))?;
+        let kernel_err = |e: quant::KernelError| {
+            err(ErrorKind::BadValue, e.to_string())
+                .tensor(&info.name.dot)
+                .path(self.src.path())
+                .at(off)
+        };
+        if b0 * be == first_elem && b1 * be == end {
+            quant::dequantize(ext.ty, &raw, out).map_err(kernel_err)?;
+        } else {
+            let mut tmp = vec![0f32; ((b1 - b0) * be) as usize];
+            quant::dequantize(ext.ty, &raw, &mut tmp).map_err(kernel_err)?;
+            let skip = (first_elem - b0 * be) as usize;
+            out.copy_from_slice(&tmp[skip..skip + out.len()]);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,143 @@
+//! Layered backend: a primary (SK32 or .rknot) over a dense fallback
+//! (dense .knot or GGUF).
+//!
+//! Rules:
+//! - a tensor the primary carries is served from the primary, except the
+//!   vocab tables (`token_embd.weight`, `output.weight`), which a lossy
+//!   primary never serves (seed 000: a rank-32 vocab sketch poisons the
+//!   output); they come from the fallback, or are listed unavailable;
+//! - everything else comes from the fallback;
+//! - a primary tensor whose shape disagrees with the fallback's is an error
+//!   at open naming both shapes.
+
+use crate::backend::{Availability, Backend, Role, SourceSummary, TensorInfo, TensorTable};
+use crate::error::{ErrorKind, Result, err};
+use crate::names;
+
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Primary(usize),
+    Fallback(usize),
+    /// Listed, not readable (reason in the table entry).
+    Nowhere,
+}
+
+pub struct LayeredBackend {
+    primary: Box<dyn Backend>,
+    fallback: Option<Box<dyn Backend>>,
+    table: TensorTable,
+    routes: Vec<Route>,
+}
+
+impl LayeredBackend {
+    pub fn new(primary: Box<dyn Backend>, fallback: Option<Box<dyn Backend>>) -> Result<Self> {
+        let lossy = primary.summary().format.is_primary_kind();
+        let mut table = TensorTable::default();
+        let mut routes = Vec::new();
+        let mut used_primary = vec![false; primary.tensors().len()];
+        let vocab_reason = |name: &str| {
+            format!(
+                "{name} is never served from a sketch (a low-rank vocab table poisons the \
+                 output); attach a dense fallback with --dense"
+            )
+        };
+        let p_tab = primary.tensors();
+        if let Some(fb) = &fallback {
+            for (fi, finfo) in fb.tensors().entries().iter().enumerate() {
+                let dot = &finfo.name.dot;
+                let route = match p_tab.get(dot) {
+                    Some(pi) if !(lossy && names::is_vocab_tensor(dot)) => {
+                        let pinfo = &p_tab.entries()[pi];
+                        if pinfo.shape != finfo.shape {
+                            return Err(err(
+                                ErrorKind::ShapeMismatch,
+                                format!(
+                                    "primary {} has shape {:?}, fallback {} has {:?}",
+                                    pinfo.origin.path.display(),
+                                    pinfo.shape,
+                                    finfo.origin.path.display(),
+                                    finfo.shape
+                                ),
+                            )
+                            .tensor(dot));
+                        }
+                        used_primary[pi] = true;
+                        Route::Primary(pi)
+                    }
+                    Some(pi) => {
+                        used_primary[pi] = true;
+                        Route::Fallback(fi)
+                    }
+                    None => Route::Fallback(fi),
+                };
+                let mut info = match route {
+                    Route::Primary(pi) => p_tab.entries()[pi].clone(),
+                    _ => finfo.clone(),
+                };
+                info.origin.role = match route {
+                    Route::Primary(_) => Role::Primary,
+                    _ => Role::Fallback,
+                };
+                let from = info.origin.path.clone();
+                table.push(info, dot).map_err(|e| e.path(&from))?;
+                routes.push(route);
+            }
+        }
+        // Primary tensors the fallback does not have (or no fallback at all).
+        for (pi, pinfo) in p_tab.entries().iter().enumerate() {
+            if used_primary[pi] {
+                continue;
+            }
+            let mut info: TensorInfo = pinfo.clone();
+            info.origin.role = Role::Primary;
+            let route = if lossy && names::is_vocab_tensor(&info.name.dot) {
+                info.availability = Availability::Unavailable(vocab_reason(&info.name.dot));
+                Route::Nowhere
+            } else {
+                Route::Primary(pi)
+            };
+            let stored = info.name.dot.clone();
+            let from = info.origin.path.clone();
+            table.push(info, &stored).map_err(|e| e.path(&from))?;
+            routes.push(route);
+        }
+        Ok(LayeredBackend {
+            primary,
+            fallback,
+            table,
+            routes,
+        })
+    }
+}
+
+impl Backend for LayeredBackend {
+    fn summary(&self) -> &SourceSummary {
+        self.primary.summary()
+    }
+
+    fn fallback_summary(&self) -> Option<&SourceSummary> {
+        self.fallback.as_ref().map(|f| f.summary())
+    }
+
+    fn tensors(&self) -> &TensorTable {
+        &self.table
+    }
+
+    fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
+        match self.routes.get(index) {
+            Some(Route::Primary(i)) => self.primary.read_f32(*i, first_elem, out),
+            Some(Route::Fallback(i)) => match &self.fallback {
+                Some(fb) => fb.read_f32(*i, first_elem, out),
+                None => Err(err(ErrorKind::Unavailable, "no fallback attached")),
+            },
+            Some(Route::Nowhere) => {
+                let info = &self.table.entries()[index];
+                super::check_read(info, first_elem, out.len())
+            }
+            None => Err(err(
+                ErrorKind::NotFound,
+                format!("no tensor with index {index}"),
+            )),
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! Backends: one trait for "a set of named tensors whose element ranges I
+//! can decode", one implementation per file kind, and the layered backend
+//! (primary SK32/.rknot + dense fallback).
+//!
+//! A backend is opened once (all headers validated) and then only decodes:
+//! `read_f32(index, first_elem, out)` touches only the ggml blocks, sketch
+//! rows or .rknot tiles that overlap `[first_elem, first_elem + out.len())`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{ErrorKind, Result, err};
+use crate::format::FileFormat;
+use crate::format::meta::Metadata;
+use crate::names::{NameIndex, TensorName};
+use crate::quant::GgmlType;
+
+mod dense;
+mod layered;
+mod open;
+mod rknot;
+mod sketch;
+
+pub use dense::DenseBackend;
+pub use layered::LayeredBackend;
+pub use open::{open, open_single};
+pub use rknot::RknotBackend;
+pub use sketch::SketchBackend;
+
+/// How a tensor is stored in its source file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredType {
+    /// ggml blocks (GGUF, dense .knot).
+    Ggml(GgmlType),
+    /// SK32 rank-r sketch.
+    Sketch { rank: u64 },
+    /// .rknot blocks: `bits` is the uniform width or the graded maximum.
+    Rknot { graded: bool, bits: u8 },
+}
+
+impl fmt::Display for StoredType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoredType::Ggml(t) => write!(f, "{t}"),
+            StoredType::Sketch { rank } => write!(f, "SK32 r{rank}"),
+            StoredType::Rknot {
+                graded: false,
+                bits,
+            } => write!(f, "RKNOT u{bits}"),
+            StoredType::Rknot { graded: true, bits } => write!(f, "RKNOT g{bits}"),
+        }
+    }
+}
+
+/// Which side of a layered backend serves a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Primary,
+    Fallback,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Primary => "primary",
+            Role::Fallback => "fallback",
+        }
+    }
+}
+
+/// Where a tensor's bytes come from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Origin {
+    pub role: Role,
+    pub format: FileFormat,
+    pub path: Arc<PathBuf>,
+}
+
+/// Whether a listed tensor can be read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Availability {
+    Available,
+    Unavailable(String),
+}
+
+/// Everything a caller needs to know about one tensor.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: TensorName,
+    /// Served shape, outer-first; the served bytes are row-major f32 LE.
+    pub shape: Vec<u64>,
+    pub n_elements: u64,
+    pub stored: StoredType,
+    pub stored_bytes: u64,
+    pub origin: Origin,
+    pub availability: Availability,
+    /// Elements per natural decode unit (a row band for sketches and
+    /// .rknot, a ggml block): reads aligned to it decode nothing extra.
+    pub granule: u64,
+}
+
+impl TensorInfo {
+    /// Decoded size in bytes.
+    pub fn served_bytes(&self) -> u64 {
+        self.n_elements * 4
+    }
+
+    pub fn bits_per_weight(&self) -> f64 {
+        self.stored_bytes as f64 * 8.0 / self.n_elements as f64
+    }
+
+    pub fn is_available(&self) -> bool {
+        self.availability == Availability::Available
+    }
+}
+
+/// The tensors of a backend with name lookup in every spelling.
+#[derive(Debug, Clone, Default)]
+pub struct TensorTable {
+    entries: Vec<TensorInfo>,
+    names: NameIndex,
+}
+
+impl TensorTable {
+    /// Add an entry; a name collision (after aliasing) or a served size
+    /// that does not fit in u64 bytes is an error.
+    pub fn push(&mut self, info: TensorInfo, stored_name: &str) -> Result<usize> {
+        if info.n_elements.checked_mul(4).is_none() {
+            return Err(err(
+                ErrorKind::Overflow,
+                format!(
+                    "{} elements of f32 do not fit in u64 bytes",
+                    info.n_elements
+                ),
+            )
+            .tensor(stored_name));
+        }
+        let index = self.entries.len();
+        self.names.insert(&info.name, stored_name, index)?;
+        self.entries.push(info);
+        Ok(index)
+    }
+
+    pub fn get(&self, name: &str) -> Option<usize> {
+        self.names.get(name)
+    }
+
+    pub fn entries(&self) -> &[TensorInfo] {
+        &self.entries
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn info(&self, index: usize) -> Option<&TensorInfo> {
+        self.entries.get(index)
+    }
+}
+
+/// What a backend says about its source.
+#[derive(Debug, Clone)]
+pub struct SourceSummary {
+    pub format: FileFormat,
+    pub version: u32,
+    pub path: PathBuf,
+    pub metadata: Metadata,
+    /// Format-specific one-liners for `inspect` (topology, layers, ...).
+    pub notes: Vec<String>,
+}
+
+/// A set of named tensors whose element ranges decode to f32.
+///
+/// `Send + Sync`: reads from many threads at once are safe (all file access
+/// is positioned reads on shared, read-only descriptors).
+pub trait Backend: Send + Sync {
+    /// The primary source (for a layered backend) or the only one.
+    fn summary(&self) -> &SourceSummary;
+
+    /// The fallback's summary, for layered backends.
+    fn fallback_summary(&self) -> Option<&SourceSummary> {
+        None
+    }
+
+    fn tensors(&self) -> &TensorTable;
+
+    /// Decode elements `[first_elem, first_elem + out.len())` of tensor
+    /// `index` (row-major over the served shape) into `out`.
+    fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()>;
+}
+
+impl dyn Backend + '_ {
+    /// Look a tensor up by any spelling.
+    pub fn find(&self, name: &str) -> Result<usize> {
+        self.tensors().get(name).ok_or_else(|| {
+            err(ErrorKind::NotFound, format!("no tensor named {name:?}")).path(&self.summary().path)
+        })
+    }
+
+    /// Decoded little-endian f32 bytes `[byte_offset, byte_offset + buf.len())`
+    /// of tensor `index`, clipped at the tensor's end; returns the number of
+    /// bytes written (0 at or past the end). Any byte offset works.
+    pub fn read_bytes(&self, index: usize, byte_offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let info = self
+            .tensors()
+            .info(index)
+            .ok_or_else(|| err(ErrorKind::NotFound, format!("no tensor with index {index}")))?;
+        let size = info.served_bytes();
+        if byte_offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let end = size.min(byte_offset.saturating_add(buf.len() as u64));
+        let first = byte_offset / 4;
+        let last = end.div_ceil(4);
+        let mut vals = vec![0f32; (last - first) as usize];
+        self.read_f32(index, first, &mut vals)?;
+        let skip = (byte_offset - first * 4) as usize;
+        let n = (end - byte_offset) as usize;
+        let mut written = 0;
+        for (i, v) in vals.iter().enumerate() {
+            let bytes = v.to_le_bytes();
+            let lo = if i == 0 { skip } else { 0 };
+            let take = (4 - lo).min(n - written);
+            buf[written..written + take].copy_from_slice(&bytes[lo..lo + take]);
+            written += take;
+            if written == n {
+                break;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Check `[first, first + n)` against a tensor's size and availability.
+pub(crate) fn check_read(info: &TensorInfo, first: u64, n: usize) -> Result<()> {
+    if let Availability::Unavailable(why) = &info.availability {
+        return Err(err(ErrorKind::Unavailable, why.clone())
+            .tensor(&info.name.dot)
+            .path(&info.origin.path));
+    }
+    let end = first.checked_add(n as u64);
+    if end.is_none_or(|e| e > info.n_elements) {
+        return Err(err(
+            ErrorKind::Range,
+            format!(
+                "elements [{first}, {first}+{n}) are outside the tensor's {} elements",
+                info.n_elements
+            ),
+        )
+        .tensor(&info.name.dot));
+    }
+    Ok(())
+}
+
+pub(crate) fn origin(role: Role, format: FileFormat, path: &Path) -> Origin {
+    Origin {
+        role,
+        format,
+        path: Arc::new(path.to_path_buf()),
+    }
+}

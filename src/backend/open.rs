@@ -1,0 +1,98 @@
+//! Open any supported file by sniffing its first bytes.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::backend::{Backend, DenseBackend, LayeredBackend, RknotBackend, Role, SketchBackend};
+use crate::error::{ErrorKind, Result, err};
+use crate::format::container::{KNOT_PREFIX_LEN, read_container};
+use crate::format::gguf::GgufFile;
+use crate::format::knot::DenseKnotFile;
+use crate::format::rknot::RknotFile;
+use crate::format::sk32::Sk32File;
+use crate::format::{self, Magic};
+use crate::source::SourceFile;
+
+/// Open one file as a backend in the given role.
+pub fn open_single(path: &Path, role: Role) -> Result<Box<dyn Backend>> {
+    let src = SourceFile::open(path)?;
+    Ok(match format::sniff(&src)? {
+        Magic::Rknot => {
+            let f = RknotFile::read(&src)?;
+            Box::new(RknotBackend::new(src, f, role)?)
+        }
+        Magic::Gguf => {
+            let g = GgufFile::read(&src)?;
+            Box::new(DenseBackend::from_gguf(src, g, role)?)
+        }
+        Magic::Knot => {
+            let c = read_container(&src)?;
+            let has = |k: &str| c.meta.get(k).is_some_and(Value::is_object);
+            match (has("sketches"), has("tensors")) {
+                (true, false) => {
+                    let f = Sk32File::from_container(&src, &c)?;
+                    Box::new(SketchBackend::new(src, f, role)?)
+                }
+                (false, true) => {
+                    let f = DenseKnotFile::from_container(&src, &c)?;
+                    Box::new(DenseBackend::from_knot(src, f, role)?)
+                }
+                (both, _) => {
+                    return Err(err(
+                        ErrorKind::BadJson,
+                        if both {
+                            "KNOT meta has both a \"sketches\" and a \"tensors\" map"
+                        } else {
+                            "KNOT meta has neither a \"sketches\" map (SK32) nor a \"tensors\" \
+                             map (dense .knot)"
+                        },
+                    )
+                    .path(path)
+                    .at(KNOT_PREFIX_LEN));
+                }
+            }
+        }
+    })
+}
+
+/// Open a source and an optional dense fallback, the way the mount and the
+/// CLI do: a compressed primary (SK32, .rknot) is always served through the
+/// layered backend (so its vocab rule applies even without a fallback); a
+/// dense source alone is served directly.
+pub fn open(path: &Path, dense: Option<&Path>) -> Result<Box<dyn Backend>> {
+    let primary = open_single(path, Role::Primary)?;
+    let fallback = match dense {
+        Some(d) => {
+            let fb = open_single(d, Role::Fallback)?;
+            if fb.summary().format.is_primary_kind() {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!(
+                        "the fallback must be a dense file (GGUF or dense .knot), this is {}",
+                        fb.summary().format
+                    ),
+                )
+                .path(d));
+            }
+            Some(fb)
+        }
+        None => None,
+    };
+    log::debug!(
+        "opened {} ({}, {} tensors){}",
+        path.display(),
+        primary.summary().format,
+        primary.tensors().len(),
+        fallback.as_ref().map_or(String::new(), |f| format!(
+            " over fallback {} ({}, {} tensors)",
+            f.summary().path.display(),
+            f.summary().format,
+            f.tensors().len()
+        ))
+    );
+    if fallback.is_none() && !primary.summary().format.is_primary_kind() {
+        return Ok(primary);
+    }
+    Ok(Box::new(LayeredBackend::new(primary, fallback)?))
+}

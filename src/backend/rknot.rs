@@ -1,0 +1,194 @@
+//! .rknot backend: scatter decoded tiles of the compact matrix into served
+//! rows; everything off the standing indices is exactly 0.0.
+
+use crate::backend::{
+    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
+    origin,
+};
+use crate::error::{ErrorKind, Result, err};
+use crate::format::FileFormat;
+use crate::format::rknot::{BlockMode, Manifest, RknotFile, RknotTensorInfo, decode_block};
+use crate::names::TensorName;
+use crate::source::SourceFile;
+
+pub struct RknotBackend {
+    src: SourceFile,
+    summary: SourceSummary,
+    table: TensorTable,
+    file: RknotFile,
+}
+
+impl RknotBackend {
+    pub fn new(src: SourceFile, file: RknotFile, role: Role) -> Result<Self> {
+        let org = origin(role, FileFormat::Rknot, src.path());
+        let mut table = TensorTable::default();
+        for t in &file.tensors {
+            let name = TensorName::from_stored(&t.name).map_err(|e| e.path(src.path()))?;
+            let band_rows = if t.restrict_rows {
+                1
+            } else {
+                t.grid.block_rows
+            };
+            let info = TensorInfo {
+                name,
+                shape: vec![t.d_out, t.d_in],
+                n_elements: t.n_elements(),
+                stored: StoredType::Rknot {
+                    graded: t.mode == BlockMode::Graded,
+                    bits: t.bits,
+                },
+                stored_bytes: t.stored_bytes(),
+                origin: org.clone(),
+                availability: Availability::Available,
+                granule: band_rows * t.d_in,
+            };
+            let at = t.blocks.first().map_or(file.body_offset, |b| b.0);
+            table
+                .push(info, &t.name)
+                .map_err(|e| e.path(src.path()).at(at))?;
+        }
+        let graded = file
+            .tensors
+            .iter()
+            .filter(|t| t.mode == BlockMode::Graded)
+            .count();
+        let summary = SourceSummary {
+            format: FileFormat::Rknot,
+            version: 2,
+            path: src.path().to_path_buf(),
+            metadata: file.arch.metadata.clone(),
+            notes: vec![
+                format!(
+                    "arch {}, hidden_dim {}, {} layers ({} carried)",
+                    file.arch.arch,
+                    file.arch.hidden_dim,
+                    file.arch.num_layers,
+                    file.layers.len()
+                ),
+                format!(
+                    "{} tensors ({} graded), header {} bytes",
+                    file.tensors.len(),
+                    graded,
+                    file.header_len
+                ),
+            ],
+        };
+        Ok(RknotBackend {
+            src,
+            summary,
+            table,
+            file,
+        })
+    }
+
+    fn manifest(&self, t: &RknotTensorInfo) -> &Manifest {
+        // `layer` indexes `layers` by construction in RknotFile::read.
+        &self.file.layers[t.layer].manifest
+    }
+
+    /// Decode block `b` of tensor `t` into `tile_buf`.
+    fn decode(&self, t: &RknotTensorInfo, b: u64, tile_buf: &mut Vec<f32>) -> Result<()> {
+        let tile = t.grid.tile(b);
+        let (off, len) = t.blocks[b as usize];
+        let mut raw = vec![0u8; len as usize];
+        self.src
+            .read_at(off, &mut raw)
+            .map_err(|e| e.tensor(&t.name))?;
+        tile_buf.resize((tile.rows * tile.cols) as usize, 0.0);
+        decode_block(t, &tile, &raw, tile_buf).map_err(|e| {
+            crate::Error::new(e.kind(), format!("block {b}: {}", e.message()))
+                .tensor(&t.name)
+                .path(self.src.path())
+                .at(off)
+        })
+    }
+}
+
+impl Backend for RknotBackend {
+    fn summary(&self) -> &SourceSummary {
+        &self.summary
+    }
+
+    fn tensors(&self) -> &TensorTable {
+        &self.table
+    }
+
+    fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
+        let (info, t) = match (self.table.info(index), self.file.tensors.get(index)) {
+            (Some(i), Some(t)) => (i, t),
+            _ => {
+                return Err(err(
+                    ErrorKind::NotFound,
+                    format!("no tensor with index {index}"),
+                ));
+            }
+        };
+        check_read(info, first_elem, out.len())?;
+        out.fill(0.0);
+        if out.is_empty() {
+            return Ok(());
+        }
+        let m = self.manifest(t);
+        let g = t.grid;
+        let end = first_elem + out.len() as u64;
+        let (row0, row1) = (first_elem / t.d_in, end.div_ceil(t.d_in));
+        // Decoded tiles of the current row tile, by column tile.
+        let mut cached_rt = u64::MAX;
+        let mut tiles: Vec<Option<Vec<f32>>> = Vec::new();
+        for row in row0..row1 {
+            let p = if t.restrict_rows {
+                match m.position(row) {
+                    Some(p) => p as u64,
+                    None => continue,
+                }
+            } else {
+                row
+            };
+            let row_start = row * t.d_in;
+            let j0 = first_elem.max(row_start) - row_start;
+            let j1 = end.min(row_start + t.d_in) - row_start;
+            // Compact column range covering served columns [j0, j1).
+            let (q0, q1) = if t.restrict_cols {
+                (m.lower_bound(j0) as u64, m.lower_bound(j1) as u64)
+            } else {
+                (j0, j1)
+            };
+            if q0 >= q1 {
+                continue;
+            }
+            let rt = p / g.block_rows;
+            if rt != cached_rt {
+                cached_rt = rt;
+                tiles.clear();
+                tiles.resize(g.col_tiles() as usize, None);
+            }
+            let out_row = (row_start + j0 - first_elem) as usize;
+            for ct in q0 / g.block_cols..=(q1 - 1) / g.block_cols {
+                let b = g.block_index(rt, ct);
+                let slot = &mut tiles[ct as usize];
+                if slot.is_none() {
+                    let mut buf = Vec::new();
+                    self.decode(t, b, &mut buf)?;
+                    *slot = Some(buf);
+                }
+                let Some(tile_vals) = slot.as_ref() else {
+                    continue;
+                };
+                let tile = g.tile(b);
+                let tr = (p - tile.row0) as usize;
+                let lo = q0.max(tile.col0);
+                let hi = q1.min(tile.col0 + tile.cols);
+                let src_row = &tile_vals[tr * tile.cols as usize..][..tile.cols as usize];
+                for q in lo..hi {
+                    let col = if t.restrict_cols {
+                        m.standing_indices[q as usize]
+                    } else {
+                        q
+                    };
+                    out[out_row + (col - j0) as usize] = src_row[(q - tile.col0) as usize];
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,159 @@
+//! SK32 backend: rows of W = U·diag(σ)·Vᵀ computed on demand.
+
+use crate::backend::{
+    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
+    origin,
+};
+use crate::error::{ErrorKind, Result, err};
+use crate::format::FileFormat;
+use crate::format::meta::Metadata;
+use crate::format::sk32::{Sk32File, SketchInfo, dequant_sigma, dequant_uv};
+use crate::names::TensorName;
+use crate::source::SourceFile;
+
+pub struct SketchBackend {
+    src: SourceFile,
+    summary: SourceSummary,
+    table: TensorTable,
+    sketches: Vec<SketchInfo>,
+}
+
+/// Rows per granule: enough that one granule is a useful decode unit.
+const GRANULE_TARGET_ELEMS: u64 = 64 * 1024;
+
+impl SketchBackend {
+    pub fn new(src: SourceFile, f: Sk32File, role: Role) -> Result<Self> {
+        let org = origin(role, FileFormat::Sk32, src.path());
+        let mut table = TensorTable::default();
+        for s in &f.sketches {
+            let name = TensorName::from_stored(&s.name).map_err(|e| e.path(src.path()))?;
+            let rows_per_granule = (GRANULE_TARGET_ELEMS / s.d_in).max(1);
+            let info = TensorInfo {
+                name,
+                shape: vec![s.d_out, s.d_in],
+                n_elements: s.d_out * s.d_in,
+                stored: StoredType::Sketch { rank: s.rank },
+                stored_bytes: s.length,
+                origin: org.clone(),
+                availability: Availability::Available,
+                granule: rows_per_granule * s.d_in,
+            };
+            table
+                .push(info, &s.name)
+                .map_err(|e| e.path(src.path()).at(s.offset))?;
+        }
+        let mut notes = vec![format!("{} sketches", f.sketches.len())];
+        if let Some(t) = &f.topology {
+            notes.push(format!("topology {t}"));
+        }
+        let summary = SourceSummary {
+            format: FileFormat::Sk32,
+            version: 1,
+            path: src.path().to_path_buf(),
+            metadata: Metadata::default(),
+            notes,
+        };
+        Ok(SketchBackend {
+            src,
+            summary,
+            table,
+            sketches: f.sketches,
+        })
+    }
+}
+
+impl Backend for SketchBackend {
+    fn summary(&self) -> &SourceSummary {
+        &self.summary
+    }
+
+    fn tensors(&self) -> &TensorTable {
+        &self.table
+    }
+
+    fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
+        let (info, s) = match (self.table.info(index), self.sketches.get(index)) {
+            (Some(i), Some(s)) => (i, s),
+            _ => {
+                return Err(err(
+                    ErrorKind::NotFound,
+                    format!("no tensor with index {index}"),
+                ));
+            }
+        };
+        check_read(info, first_elem, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let tensor_err = |e: crate::Error| e.tensor(&info.name.dot);
+        // All sizes below are bounded by the sketch length validated at open.
+        let rank = s.rank as usize;
+        let d_in = s.d_in;
+        let end = first_elem + out.len() as u64;
+        let row0 = first_elem / d_in;
+        let row1 = end.div_ceil(d_in);
+        let mut u = vec![0u8; ((row1 - row0) * s.rank) as usize];
+        self.src
+            .read_at(s.u_offset() + row0 * s.rank, &mut u)
+            .map_err(tensor_err)?;
+        let mut sig = vec![0u8; rank];
+        self.src
+            .read_at(s.sigma_offset(), &mut sig)
+            .map_err(tensor_err)?;
+        let sigma: Vec<f32> = sig.iter().map(|&q| dequant_sigma(q, s.sigma_max)).collect();
+        // Vᵀ is read whole once if any row of the request is whole; a
+        // partial first or last row reads only its columns of each Vᵀ row,
+        // so a small read never pulls in all of Vᵀ.
+        let mut v_full: Option<Vec<u8>> = None;
+        let mut v_part = Vec::new();
+        // W[i, j] = sum_r U[i,r] σ[r] Vᵀ[r,j], with Vᵀ[r,j] = (v - 128) · v_max/127:
+        // fold U·σ·v_max/127 into one coefficient per (row, r) so the inner
+        // loop over columns is a contiguous u8 -> f32 multiply-add.
+        let v_step = s.v_max / 127.0;
+        let mut coef = vec![0f32; rank];
+        let mut written = 0usize;
+        for row in row0..row1 {
+            let row_start = row * d_in;
+            let lo = first_elem.max(row_start) - row_start;
+            let hi = end.min(row_start + d_in) - row_start;
+            let width = (hi - lo) as usize;
+            let urow = &u[((row - row0) * s.rank) as usize..][..rank];
+            for ((c, &uq), &sg) in coef.iter_mut().zip(urow).zip(&sigma) {
+                *c = dequant_uv(uq, s.u_max) * sg * v_step;
+            }
+            // (bytes of Vᵀ, stride between Vᵀ rows, first column in them)
+            if width as u64 == d_in && v_full.is_none() {
+                let mut all = vec![0u8; rank * d_in as usize];
+                self.src
+                    .read_at(s.v_offset(), &mut all)
+                    .map_err(tensor_err)?;
+                v_full = Some(all);
+            }
+            let (v, stride, col0) = match &v_full {
+                Some(all) => (&all[..], d_in as usize, lo as usize),
+                None => {
+                    v_part.resize(rank * width, 0u8);
+                    for (r, dst) in v_part.chunks_exact_mut(width).enumerate() {
+                        self.src
+                            .read_at(s.v_offset() + r as u64 * d_in + lo, dst)
+                            .map_err(tensor_err)?;
+                    }
+                    (&v_part[..], width, 0)
+                }
+            };
+            let dst = &mut out[written..written + width];
+            dst.fill(0.0);
+            for (r, &c) in coef.iter().enumerate() {
+                if c == 0.0 {
+                    continue;
+                }
+                let vrow = &v[r * stride + col0..][..width];
+                for (acc, &q) in dst.iter_mut().zip(vrow) {
+                    *acc += c * (f32::from(q) - 128.0);
+                }
+            }
+            written += width;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! The `KNOT` container shared by SK32 sketches and dense .knot files.
+//!
+//! ```text
+//! "KNOT" | u16 LE version (1) | u32 LE meta_len | meta_json
+//!        | zero pad to a 4-byte boundary | codec byte (0 = raw) | payload
+//! payload_base = ((10 + meta_len + 3) & !3) + 1
+//! ```
+//! Every offset in the meta JSON is relative to `payload_base`.
+
+use std::io::Write;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, ErrorKind, Result, add, err};
+use crate::source::SourceFile;
+
+pub const KNOT_MAGIC: &[u8; 4] = b"KNOT";
+pub const KNOT_VERSION: u16 = 1;
+/// Bytes before the meta JSON: magic, version, meta_len.
+pub const KNOT_PREFIX_LEN: u64 = 10;
+/// Codec byte value for a raw (uncompressed) payload.
+pub const CODEC_RAW: u8 = 0;
+/// Largest meta JSON we parse (it is read into memory whole).
+pub const MAX_META_LEN: u64 = 1 << 30;
+
+/// Parsed container header.
+#[derive(Debug, Clone)]
+pub struct KnotContainer {
+    pub version: u16,
+    pub meta_len: u64,
+    pub meta: Map<String, Value>,
+    /// Absolute file offset that every payload offset is relative to.
+    pub payload_base: u64,
+}
+
+/// Offset of the codec byte for a given meta length.
+pub fn codec_offset(meta_len: u64) -> Option<u64> {
+    Some(KNOT_PREFIX_LEN.checked_add(meta_len)?.checked_add(3)? & !3)
+}
+
+/// Read and check the container header (not the payload).
+pub fn read_container(src: &SourceFile) -> Result<KnotContainer> {
+    let path = src.path();
+    if src.len() < KNOT_PREFIX_LEN {
+        return Err(err(
+            ErrorKind::Truncated,
+            format!(
+                "KNOT container needs a {KNOT_PREFIX_LEN}-byte prefix, file has {} bytes",
+                src.len()
+            ),
+        )
+        .path(path));
+    }
+    let mut prefix = [0u8; 10];
+    src.read_at(0, &mut prefix)?;
+    if &prefix[0..4] != KNOT_MAGIC {
+        return Err(crate::format::bad_magic(path, &prefix[..6]));
+    }
+    let version = u16::from_le_bytes([prefix[4], prefix[5]]);
+    if version != KNOT_VERSION {
+        return Err(err(
+            ErrorKind::UnsupportedVersion,
+            format!("KNOT container version {version} is not supported (only {KNOT_VERSION})"),
+        )
+        .path(path)
+        .at(4));
+    }
+    let meta_len = u64::from(u32::from_le_bytes([
+        prefix[6], prefix[7], prefix[8], prefix[9],
+    ]));
+    if meta_len > MAX_META_LEN {
+        return Err(err(
+            ErrorKind::TooLarge,
+            format!("meta_len {meta_len} exceeds the {MAX_META_LEN}-byte cap"),
+        )
+        .path(path)
+        .at(6));
+    }
+    let meta_end = KNOT_PREFIX_LEN + meta_len;
+    if meta_end > src.len() {
+        return Err(err(
+            ErrorKind::Truncated,
+            format!(
+                "meta_len {meta_len} runs past the end of the file ({} bytes)",
+                src.len()
+            ),
+        )
+        .path(path)
+        .at(6));
+    }
+    let raw = src.read_vec(KNOT_PREFIX_LEN, meta_len, "meta_json")?;
+    let meta =
+        parse_json_object(&raw, "meta_json").map_err(|e| e.path(path).at(KNOT_PREFIX_LEN))?;
+    // meta_len <= 1 GiB, so none of this overflows.
+    let codec_at = (meta_end + 3) & !3;
+    if codec_at >= src.len() {
+        return Err(err(
+            ErrorKind::Truncated,
+            format!(
+                "file ends before the codec byte at {codec_at} ({} bytes)",
+                src.len()
+            ),
+        )
+        .path(path)
+        .at(codec_at));
+    }
+    let mut codec = [0u8; 1];
+    src.read_at(codec_at, &mut codec)?;
+    if codec[0] != CODEC_RAW {
+        return Err(err(
+            ErrorKind::UnsupportedCodec,
+            format!(
+                "unsupported codec byte {} (only 0 = raw payload is defined)",
+                codec[0]
+            ),
+        )
+        .path(path)
+        .at(codec_at));
+    }
+    Ok(KnotContainer {
+        version,
+        meta_len,
+        meta,
+        payload_base: codec_at + 1,
+    })
+}
+
+/// Parse JSON that must be an object.
+pub fn parse_json_object(raw: &[u8], what: &str) -> Result<Map<String, Value>> {
+    let v: Value = serde_json::from_slice(raw)
+        .map_err(|e| err(ErrorKind::BadJson, format!("{what} is not valid JSON: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        other => Err(err(
+            ErrorKind::BadJson,
+            format!("{what} must be a JSON object, found {}", json_kind(&other)),
+        )),
+    }
+}
+
+pub fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Payload range `[base + offset, base + offset + length)` as absolute
+/// offsets, checked against the file.
+pub fn payload_range(
+    src: &SourceFile,
+    payload_base: u64,
+    offset: u64,
+    length: u64,
+    what: &str,
+) -> Result<u64> {
+    let abs = add(payload_base, offset, what).map_err(|e| e.path(src.path()))?;
+    src.check_range(abs, length, what)?;
+    Ok(abs)
+}
+
+/// Write a container: header, pad, raw codec byte; the caller writes the
+/// payload after it. Returns the number of header bytes written
+/// (= payload_base).
+pub fn write_container_header<W: Write>(w: &mut W, meta: &Value) -> Result<u64> {
+    let json = serde_json::to_vec(meta)
+        .map_err(|e| err(ErrorKind::BadJson, format!("cannot serialize meta: {e}")))?;
+    let meta_len = u32::try_from(json.len())
+        .ok()
+        .filter(|&n| u64::from(n) <= MAX_META_LEN)
+        .ok_or_else(|| {
+            err(
+                ErrorKind::TooLarge,
+                format!("meta JSON of {} bytes is too large", json.len()),
+            )
+        })?;
+    let codec_at = codec_offset(u64::from(meta_len)).unwrap_or(u64::MAX);
+    let pad = (codec_at - KNOT_PREFIX_LEN - u64::from(meta_len)) as usize;
+    let io = |e| Error::new(ErrorKind::Io, format!("write: {e}"));
+    w.write_all(KNOT_MAGIC).map_err(io)?;
+    w.write_all(&KNOT_VERSION.to_le_bytes()).map_err(io)?;
+    w.write_all(&meta_len.to_le_bytes()).map_err(io)?;
+    w.write_all(&json).map_err(io)?;
+    w.write_all(&[0u8; 3][..pad]).map_err(io)?;
+    w.write_all(&[CODEC_RAW]).map_err(io)?;
+    Ok(codec_at + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(bytes: &[u8]) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(bytes).unwrap();
+        f
+    }
+
+    fn container_bytes(meta: &str, payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(b"KNOT");
+        v.extend_from_slice(&1u16.to_le_bytes());
+        v.extend_from_slice(&(meta.len() as u32).to_le_bytes());
+        v.extend_from_slice(meta.as_bytes());
+        while v.len() % 4 != 0 {
+            v.push(0);
+        }
+        v.push(0);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    /// Seed 001 Module 1: payload_base follows the production loader at an
+    /// unaligned and an aligned meta_len.
+    #[test]
+    fn payload_base_matches_production_rule() {
+        // meta_len 17 (unaligned): (10 + 17 + 3) & !3 = 28, base 29.
+        let meta17 = r#"{"tensors":{}}   "#;
+        assert_eq!(meta17.len(), 17);
+        // meta_len 20 (10 + 20 = 30 -> 32), base 33.
+        let meta20 = r#"{"tensors":{}}      "#;
+        assert_eq!(meta20.len(), 20);
+        // meta_len 22: 10 + 22 = 32 is aligned already, base 33.
+        let meta22 = r#"{"tensors":{}}        "#;
+        for (meta, base) in [(meta17, 29u64), (meta20, 33), (meta22, 33)] {
+            let f = file_with(&container_bytes(meta, b"PAYLOAD"));
+            let src = SourceFile::open(f.path()).unwrap();
+            let c = read_container(&src).unwrap();
+            assert_eq!(c.payload_base, base, "meta_len {}", meta.len());
+            let mut b = [0u8; 7];
+            src.read_at(c.payload_base, &mut b).unwrap();
+            assert_eq!(&b, b"PAYLOAD");
+        }
+    }
+
+    #[test]
+    fn writer_and_reader_agree() {
+        for pad in 0..6 {
+            let meta = serde_json::json!({"tensors": {}, "pad": "x".repeat(pad)});
+            let mut v = Vec::new();
+            let base = write_container_header(&mut v, &meta).unwrap();
+            assert_eq!(base as usize, v.len());
+            v.extend_from_slice(b"P");
+            let f = file_with(&v);
+            let c = read_container(&SourceFile::open(f.path()).unwrap()).unwrap();
+            assert_eq!(c.payload_base, base);
+        }
+    }
+
+    #[test]
+    fn malformed_headers() {
+        let cases: Vec<(Vec<u8>, ErrorKind)> = vec![
+            (b"KNO".to_vec(), ErrorKind::Truncated),
+            (
+                b"KNOT\x01\x00\xff\xff\xff\x00{}".to_vec(),
+                ErrorKind::Truncated,
+            ),
+            (
+                b"KNOT\x02\x00\x02\x00\x00\x00{}\x00\x00\x00".to_vec(),
+                ErrorKind::UnsupportedVersion,
+            ),
+            (
+                container_bytes("{}", b"")[..12].to_vec(),
+                ErrorKind::Truncated,
+            ),
+            (container_bytes("[1]", b"x"), ErrorKind::BadJson),
+            (container_bytes("{nope", b"x"), ErrorKind::BadJson),
+            (
+                {
+                    let mut v = container_bytes("{}", b"x");
+                    let at = v.len() - 2;
+                    v[at] = 7;
+                    v
+                },
+                ErrorKind::UnsupportedCodec,
+            ),
+        ];
+        for (bytes, kind) in cases {
+            let f = file_with(&bytes);
+            let e = read_container(&SourceFile::open(f.path()).unwrap()).unwrap_err();
+            assert_eq!(e.kind(), kind, "{e}");
+            assert!(
+                e.to_string().contains(&f.path().display().to_string()),
+                "{e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Dense .knot: ggml blocks verbatim in a `KNOT` v1 container whose meta
+//! JSON has a `tensors` map:
+//!
+//! ```json
+//! {"format":"knot","metadata":{...},"tensors":{
+//!   "blk_0_attn_q_weight":{"type":"q4_k","shape":[576,576],"offset":0,"length":...}}}
+//! ```
+//! `shape` is outer-first (the last dim is ggml's ne0); offsets are
+//! relative to payload_base; `length` must equal what type and shape imply.
+
+use std::io::Write;
+
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, ErrorKind, Result, add, err, product};
+use crate::format::container::{self, KnotContainer};
+use crate::format::json as j;
+use crate::format::meta::Metadata;
+use crate::names;
+use crate::quant::GgmlType;
+use crate::source::SourceFile;
+
+/// Types a dense .knot may declare.
+pub const KNOT_TYPES: &[GgmlType] = crate::quant::DECODABLE;
+
+/// Most dims a tensor may have (as ggml).
+pub const MAX_DIMS: usize = 4;
+
+#[derive(Debug, Clone)]
+pub struct KnotTensorInfo {
+    /// Name as stored (underscore spelling).
+    pub name: String,
+    pub ty: GgmlType,
+    /// Outer-first.
+    pub shape: Vec<u64>,
+    pub n_elements: u64,
+    /// Absolute file offset.
+    pub offset: u64,
+    pub length: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DenseKnotFile {
+    pub metadata: Metadata,
+    pub payload_base: u64,
+    /// Sorted by offset.
+    pub tensors: Vec<KnotTensorInfo>,
+}
+
+/// Parse a dense .knot type name. `q4_k_m` (a file-type label some
+/// producers wrote per tensor, see seed 001) is read as `q4_k`.
+pub fn parse_type(name: &str) -> Option<GgmlType> {
+    let lower = name.to_ascii_lowercase();
+    let t = if lower == "q4_k_m" || lower == "q4_k_s" {
+        GgmlType::Q4K
+    } else {
+        GgmlType::from_name(&lower)?
+    };
+    KNOT_TYPES.contains(&t).then_some(t)
+}
+
+/// Validate a shape for a ggml type; returns the element count.
+pub fn check_shape(shape: &[u64], ty: GgmlType) -> Result<u64> {
+    if shape.is_empty() || shape.len() > MAX_DIMS {
+        return Err(err(
+            ErrorKind::BadShape,
+            format!("shape {shape:?} must have 1 to {MAX_DIMS} dims"),
+        ));
+    }
+    if shape.contains(&0) {
+        return Err(err(
+            ErrorKind::BadShape,
+            format!("shape {shape:?} has a zero dim"),
+        ));
+    }
+    let n = product(shape, "element count")?;
+    let inner = shape[shape.len() - 1];
+    if !inner.is_multiple_of(ty.block_elems()) {
+        return Err(err(
+            ErrorKind::BadShape,
+            format!(
+                "innermost dim {inner} is not a multiple of the {ty} block size {}",
+                ty.block_elems()
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+impl DenseKnotFile {
+    pub fn from_container(src: &SourceFile, c: &KnotContainer) -> Result<DenseKnotFile> {
+        let path = src.path();
+        let at = container::KNOT_PREFIX_LEN;
+        let wrap = |e: Error| e.path(path).at(at);
+        if let Some(f) = c.meta.get("format").and_then(Value::as_str)
+            && f != "knot"
+        {
+            return Err(wrap(err(
+                ErrorKind::BadValue,
+                format!("meta has a \"tensors\" map but \"format\": {f:?} (want \"knot\")"),
+            )));
+        }
+        let metadata = match c.meta.get("metadata") {
+            Some(v) => Metadata::from_json(v).map_err(wrap)?,
+            None => Metadata::default(),
+        };
+        let map = j::obj_field(&c.meta, "meta_json", "tensors").map_err(wrap)?;
+        let mut tensors = Vec::with_capacity(map.len());
+        for (name, v) in map {
+            let ctx = format!("tensor {name:?}");
+            let parse = || -> Result<KnotTensorInfo> {
+                let o = j::as_obj(v, &ctx)?;
+                let tname = j::str_field(o, &ctx, "type")?;
+                let ty = parse_type(tname).ok_or_else(|| {
+                    err(
+                        ErrorKind::UnknownType,
+                        format!(
+                            "unknown tensor type {tname:?} (dense .knot types: f32, f16, bf16, \
+                             q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)"
+                        ),
+                    )
+                })?;
+                let shape = j::u64_array(o, &ctx, "shape")?;
+                let n = check_shape(&shape, ty)?;
+                let want = ty.bytes_for(n).ok_or_else(|| {
+                    err(
+                        ErrorKind::Overflow,
+                        format!("byte size of {n} {ty} elements"),
+                    )
+                })?;
+                let offset = j::u64_field(o, &ctx, "offset")?;
+                let length = j::u64_field(o, &ctx, "length")?;
+                if length != want {
+                    return Err(err(
+                        ErrorKind::LengthMismatch,
+                        format!("length {length} != {want} bytes implied by {ty} {shape:?}"),
+                    ));
+                }
+                let abs = container::payload_range(src, c.payload_base, offset, length, "tensor")?;
+                Ok(KnotTensorInfo {
+                    name: name.clone(),
+                    ty,
+                    shape,
+                    n_elements: n,
+                    offset: abs,
+                    length,
+                })
+            };
+            tensors.push(parse().map_err(|e| e.tensor(name).path(path).at(at))?);
+        }
+        tensors.sort_by(|a, b| a.offset.cmp(&b.offset).then(a.name.cmp(&b.name)));
+        for w in tensors.windows(2) {
+            if w[0].offset + w[0].length > w[1].offset {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!(
+                        "tensors {:?} and {:?} overlap in the payload",
+                        w[0].name, w[1].name
+                    ),
+                )
+                .path(path)
+                .tensor(&w[1].name)
+                .at(w[1].offset));
+            }
+        }
+        Ok(DenseKnotFile {
+            metadata,
+            payload_base: c.payload_base,
+            tensors,
+        })
+    }
+}
+
+/// A tensor to write into a dense .knot.
+pub struct KnotTensorOut<'a> {
+    /// Any spelling; written in underscore spelling.
+    pub name: &'a str,
+    pub ty: GgmlType,
+    /// Outer-first.
+    pub shape: &'a [u64],
+    /// ggml blocks verbatim.
+    pub data: &'a [u8],
+}
+
+/// Write a dense .knot: container header, then tensor bytes in order.
+pub fn write_knot<W: Write>(
+    w: &mut W,
+    metadata: &Metadata,
+    tensors: &[KnotTensorOut],
+) -> Result<()> {
+    let mut map = Map::new();
+    let mut offset = 0u64;
+    for t in tensors {
+        let name = names::underscore(&names::canonical(t.name));
+        if !KNOT_TYPES.contains(&t.ty) {
+            return Err(err(
+                ErrorKind::UnsupportedType,
+                format!("{} cannot be stored in a dense .knot", t.ty),
+            )
+            .tensor(&name));
+        }
+        let n = check_shape(t.shape, t.ty).map_err(|e| e.tensor(&name))?;
+        let want = t.ty.bytes_for(n).unwrap_or(u64::MAX);
+        if t.data.len() as u64 != want {
+            return Err(err(
+                ErrorKind::LengthMismatch,
+                format!("{} bytes of data, {want} expected", t.data.len()),
+            )
+            .tensor(&name));
+        }
+        if map.contains_key(&name) {
+            return Err(err(ErrorKind::BadName, "duplicate tensor name").tensor(&name));
+        }
+        map.insert(
+            name,
+            json!({"type": t.ty.name(), "shape": t.shape, "offset": offset, "length": want}),
+        );
+        offset = add(offset, want, "payload size")?;
+    }
+    let meta =
+        json!({"format": "knot", "metadata": metadata.to_json(), "tensors": Value::Object(map)});
+    container::write_container_header(w, &meta)?;
+    for t in tensors {
+        w.write_all(t.data)
+            .map_err(|e| err(ErrorKind::Io, format!("write: {e}")))?;
+    }
+    Ok(())
+}

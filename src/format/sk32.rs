@@ -1,0 +1,277 @@
+//! SK32 sketches: rank-r factors U·diag(σ)·Vᵀ, each quantized to u8, in a
+//! `KNOT` v1 container whose meta JSON has a `sketches` map.
+//!
+//! Per sketch, at `payload_base + offset`:
+//! `u_q8 [d_out × rank]` row-major, `sigma_q8 [rank]`, `v_q8 [rank × d_in]`
+//! row-major (this is Vᵀ). Dequantization:
+//! `U = ((u - 128) / 127) · u_max`, `σ = (s / 255) · sigma_max`,
+//! `Vᵀ = ((v - 128) / 127) · v_max`; served `W = U · diag(σ) · Vᵀ`,
+//! row-major f32 `[d_out, d_in]`.
+
+use std::io::Write;
+
+use serde_json::{Map, Value, json};
+
+use crate::error::{Error, ErrorKind, Result, add, err, mul};
+use crate::format::container::{self, KnotContainer};
+use crate::format::json::{self as j};
+use crate::source::SourceFile;
+
+/// One sketch's index entry, validated.
+#[derive(Debug, Clone)]
+pub struct SketchInfo {
+    /// Name as stored in the file.
+    pub name: String,
+    pub d_out: u64,
+    pub d_in: u64,
+    pub rank: u64,
+    pub u_max: f32,
+    pub sigma_max: f32,
+    pub v_max: f32,
+    /// Absolute file offset of `u_q8`.
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl SketchInfo {
+    pub fn u_offset(&self) -> u64 {
+        self.offset
+    }
+    /// Absolute offset of `sigma_q8` (in range: validated at open).
+    pub fn sigma_offset(&self) -> u64 {
+        self.offset + self.d_out * self.rank
+    }
+    /// Absolute offset of `v_q8`.
+    pub fn v_offset(&self) -> u64 {
+        self.sigma_offset() + self.rank
+    }
+}
+
+/// A parsed SK32 file.
+#[derive(Debug, Clone)]
+pub struct Sk32File {
+    pub topology: Option<String>,
+    pub payload_base: u64,
+    /// Sorted by offset.
+    pub sketches: Vec<SketchInfo>,
+}
+
+/// Bytes of one sketch: `d_out*rank + rank + rank*d_in`, checked.
+pub fn sketch_len(d_out: u64, d_in: u64, rank: u64) -> Result<u64> {
+    let u = mul(d_out, rank, "sketch U size")?;
+    let v = mul(rank, d_in, "sketch V size")?;
+    add(add(u, rank, "sketch size")?, v, "sketch size")
+}
+
+impl Sk32File {
+    /// Index the sketches of a container already identified as SK32.
+    pub fn from_container(src: &SourceFile, c: &KnotContainer) -> Result<Sk32File> {
+        let path = src.path();
+        let at = container::KNOT_PREFIX_LEN;
+        let wrap = |e: Error| e.path(path).at(at);
+        if let Some(f) = c.meta.get("format").and_then(Value::as_str)
+            && f != "sk32"
+        {
+            return Err(wrap(err(
+                ErrorKind::BadValue,
+                format!("meta has a \"sketches\" map but \"format\": {f:?} (want \"sk32\")"),
+            )));
+        }
+        let topology = c
+            .meta
+            .get("topology")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let map = j::obj_field(&c.meta, "meta_json", "sketches").map_err(wrap)?;
+        let mut sketches = Vec::with_capacity(map.len());
+        for (name, v) in map {
+            let ctx = format!("sketch {name:?}");
+            let parse = || -> Result<SketchInfo> {
+                let o = j::as_obj(v, &ctx)?;
+                let d_out = j::u64_field(o, &ctx, "d_out")?;
+                let d_in = j::u64_field(o, &ctx, "d_in")?;
+                let rank = j::u64_field(o, &ctx, "rank")?;
+                let offset = j::u64_field(o, &ctx, "offset")?;
+                let length = j::u64_field(o, &ctx, "length")?;
+                let u_max = j::finite_f32_field(o, &ctx, "u_max")?;
+                let sigma_max = j::finite_f32_field(o, &ctx, "sigma_max")?;
+                let v_max = j::finite_f32_field(o, &ctx, "v_max")?;
+                if d_out == 0 || d_in == 0 {
+                    return Err(err(
+                        ErrorKind::BadShape,
+                        format!("d_out {d_out} x d_in {d_in} is empty"),
+                    ));
+                }
+                // The served f32 bytes (d_out * d_in * 4) must fit u64 too.
+                mul(mul(d_out, d_in, "d_out * d_in")?, 4, "served size in bytes")?;
+                if rank == 0 || rank > d_out.min(d_in) {
+                    return Err(err(
+                        ErrorKind::BadRank,
+                        format!("rank {rank} must be in 1..=min(d_out {d_out}, d_in {d_in})"),
+                    ));
+                }
+                for (k, x) in [("u_max", u_max), ("sigma_max", sigma_max), ("v_max", v_max)] {
+                    if x < 0.0 {
+                        return Err(err(ErrorKind::BadValue, format!("{k} {x} is negative")));
+                    }
+                }
+                let want = sketch_len(d_out, d_in, rank)?;
+                if length != want {
+                    return Err(err(
+                        ErrorKind::LengthMismatch,
+                        format!(
+                            "length {length} != d_out*rank + rank + rank*d_in = {want} \
+                             (d_out {d_out}, d_in {d_in}, rank {rank})"
+                        ),
+                    ));
+                }
+                let abs = container::payload_range(src, c.payload_base, offset, length, "sketch")?;
+                Ok(SketchInfo {
+                    name: name.clone(),
+                    d_out,
+                    d_in,
+                    rank,
+                    u_max,
+                    sigma_max,
+                    v_max,
+                    offset: abs,
+                    length,
+                })
+            };
+            sketches.push(parse().map_err(|e| e.tensor(name).path(path).at(at))?);
+        }
+        sketches.sort_by(|a, b| a.offset.cmp(&b.offset).then(a.name.cmp(&b.name)));
+        for w in sketches.windows(2) {
+            if w[0].offset + w[0].length > w[1].offset {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!(
+                        "sketches {:?} and {:?} overlap in the payload",
+                        w[0].name, w[1].name
+                    ),
+                )
+                .path(path)
+                .tensor(&w[1].name)
+                .at(w[1].offset));
+            }
+        }
+        Ok(Sk32File {
+            topology,
+            payload_base: c.payload_base,
+            sketches,
+        })
+    }
+}
+
+/// Dequantize one u8 factor code of U or Vᵀ: `((q - 128) / 127) · max`.
+#[inline]
+pub fn dequant_uv(q: u8, max: f32) -> f32 {
+    ((f32::from(q) - 128.0) / 127.0) * max
+}
+
+/// Dequantize one σ code: `(s / 255) · sigma_max`.
+#[inline]
+pub fn dequant_sigma(q: u8, sigma_max: f32) -> f32 {
+    (f32::from(q) / 255.0) * sigma_max
+}
+
+/// One sketch, quantized, ready to write.
+#[derive(Debug, Clone)]
+pub struct Sketch {
+    pub name: String,
+    pub d_out: u64,
+    pub d_in: u64,
+    pub rank: u64,
+    pub u_max: f32,
+    pub sigma_max: f32,
+    pub v_max: f32,
+    /// `[d_out × rank]` row-major.
+    pub u_q8: Vec<u8>,
+    /// `[rank]`.
+    pub sigma_q8: Vec<u8>,
+    /// `[rank × d_in]` row-major (Vᵀ).
+    pub v_q8: Vec<u8>,
+}
+
+impl Sketch {
+    /// Quantize float factors with max-abs scales: `u = round(U/u_max·127)+128`
+    /// (clamped to 1..=255), `s = round(σ/σ_max·255)`. `u` is `[d_out × rank]`,
+    /// `vt` is `[rank × d_in]`.
+    pub fn quantize(
+        name: &str,
+        d_out: usize,
+        d_in: usize,
+        u: &[f32],
+        sigma: &[f32],
+        vt: &[f32],
+    ) -> Sketch {
+        let rank = sigma.len();
+        let max_abs = |x: &[f32]| x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let u_max = max_abs(u);
+        let v_max = max_abs(vt);
+        let sigma_max = max_abs(sigma);
+        let q_uv = |x: f32, m: f32| -> u8 {
+            if m == 0.0 {
+                128
+            } else {
+                ((x / m * 127.0).round() + 128.0).clamp(1.0, 255.0) as u8
+            }
+        };
+        let q_s = |x: f32| -> u8 {
+            if sigma_max == 0.0 {
+                0
+            } else {
+                (x.abs() / sigma_max * 255.0).round().clamp(0.0, 255.0) as u8
+            }
+        };
+        Sketch {
+            name: name.to_string(),
+            d_out: d_out as u64,
+            d_in: d_in as u64,
+            rank: rank as u64,
+            u_max,
+            sigma_max,
+            v_max,
+            u_q8: u.iter().map(|&x| q_uv(x, u_max)).collect(),
+            sigma_q8: sigma.iter().map(|&x| q_s(x)).collect(),
+            v_q8: vt.iter().map(|&x| q_uv(x, v_max)).collect(),
+        }
+    }
+}
+
+/// Write an SK32 file: container header, then each sketch's bytes in order.
+pub fn write_sk32<W: Write>(w: &mut W, topology: &str, sketches: &[Sketch]) -> Result<()> {
+    let mut map = Map::new();
+    let mut offset = 0u64;
+    for s in sketches {
+        let length = sketch_len(s.d_out, s.d_in, s.rank)?;
+        if s.u_q8.len() as u64 != s.d_out * s.rank
+            || s.sigma_q8.len() as u64 != s.rank
+            || s.v_q8.len() as u64 != s.rank * s.d_in
+        {
+            return Err(err(
+                ErrorKind::LengthMismatch,
+                "sketch factor lengths disagree with d_out/d_in/rank",
+            )
+            .tensor(&s.name));
+        }
+        map.insert(
+            s.name.clone(),
+            json!({
+                "offset": offset, "length": length,
+                "d_out": s.d_out, "d_in": s.d_in, "rank": s.rank,
+                "u_max": s.u_max, "sigma_max": s.sigma_max, "v_max": s.v_max,
+            }),
+        );
+        offset = add(offset, length, "payload size")?;
+    }
+    let meta = json!({"format": "sk32", "topology": topology, "sketches": Value::Object(map)});
+    container::write_container_header(w, &meta)?;
+    let io = |e: std::io::Error| err(ErrorKind::Io, format!("write: {e}"));
+    for s in sketches {
+        w.write_all(&s.u_q8).map_err(io)?;
+        w.write_all(&s.sigma_q8).map_err(io)?;
+        w.write_all(&s.v_q8).map_err(io)?;
+    }
+    Ok(())
+}
