@@ -1,0 +1,89 @@
+//! The `rknot` command line: output, errors and exit codes.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::rknot_bin;
+use rknot::format::sk32::{Sketch, write_sk32};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(rknot_bin()).args(args).output().unwrap()
+}
+
+fn sketch_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let s = Sketch::quantize(
+        "blk.2.attn_o.weight",
+        3,
+        5,
+        &[0.5, -0.25, 1.0, 0.0, -1.0, 0.75],
+        &[2.0, 1.0],
+        &[1.0, 0.0, -1.0, 0.5, 0.25, -0.5, 1.0, 0.0, 0.0, 1.0],
+    );
+    let p = dir.join("a.sk32");
+    let mut b = Vec::new();
+    write_sk32(&mut b, "rank-k-exclusion-sketch", &[s]).unwrap();
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+#[test]
+fn bad_magic_names_path_and_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.bin");
+    std::fs::write(&p, b"KNAT\x01\x00junk").unwrap();
+    let o = run(&["inspect", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains(p.to_str().unwrap()), "{e}");
+    assert!(e.contains("[75, 78, 65, 84, 1, 0]"), "{e}");
+    assert!(e.starts_with("rknot: error:"), "{e}");
+}
+
+#[test]
+fn missing_file_and_tensor_and_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&["cat", "/nonexistent/m.gguf", "x"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/m.gguf"));
+    let p = sketch_file(dir.path());
+    let o = run(&["cat", p.to_str().unwrap(), "blk.9.nope.weight"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no tensor named \"blk.9.nope.weight\""));
+    let o = run(&["frobnicate"]);
+    assert_eq!(o.status.code(), Some(2), "usage errors exit 2");
+}
+
+#[test]
+fn inspect_and_cat_a_sketch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = sketch_file(dir.path());
+    let o = run(&["inspect", p.to_str().unwrap()]);
+    assert!(o.status.success());
+    let t = String::from_utf8(o.stdout).unwrap();
+    assert!(t.contains("format:    sk32 v1"), "{t}");
+    assert!(t.contains("topology rank-k-exclusion-sketch"), "{t}");
+    assert!(
+        t.contains("blk.2.attn_output.weight") && t.contains("blk_2_attn_output_weight"),
+        "{t}"
+    );
+    assert!(t.contains("SK32 r2"), "{t}");
+    let o = run(&["inspect", "--json", p.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["source"]["format"], "sk32");
+    assert_eq!(v["tensors"][0]["shape"], serde_json::json!([3, 5]));
+    assert_eq!(v["tensors"][0]["served_bytes"], 60);
+    // The attn_o alias resolves in both spellings; odd offsets work.
+    let whole = run(&["cat", p.to_str().unwrap(), "blk_2_attn_o_weight"]);
+    assert_eq!(whole.stdout.len(), 60);
+    let part = run(&[
+        "cat",
+        p.to_str().unwrap(),
+        "blk.2.attn_output.weight",
+        "--offset",
+        "7",
+        "--length",
+        "13",
+    ]);
+    assert_eq!(part.stdout, &whole.stdout[7..20]);
+}

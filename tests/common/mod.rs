@@ -1,0 +1,77 @@
+//! Shared helpers for integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+/// Where tools/fetch-smollm2.sh puts the standard test model.
+pub const SMOLLM2_REL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The SmolLM2 GGUF, or `None` with a printed note when it is absent.
+/// With `RKNOT_REQUIRE_MODEL=1` (set by .ci/run) a missing model fails the
+/// test instead: CI must never skip the real-model checks silently.
+pub fn smollm2() -> Option<PathBuf> {
+    let p = std::env::var_os("RKNOT_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(SMOLLM2_REL));
+    if p.is_file() {
+        return Some(p);
+    }
+    if std::env::var_os("RKNOT_REQUIRE_MODEL").is_some_and(|v| v != "0") {
+        panic!(
+            "SmolLM2 model required (RKNOT_REQUIRE_MODEL is set) but {} is missing; \
+             run tools/fetch-smollm2.sh",
+            p.display()
+        );
+    }
+    eprintln!(
+        "NOTE: skipping: SmolLM2 model not found at {} (run tools/fetch-smollm2.sh)",
+        p.display()
+    );
+    None
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let d = Sha256::digest(bytes);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn f32_le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The committed per-tensor reference hashes of gguf-py's dequantization.
+pub struct RefTensor {
+    pub name: String,
+    pub ty: String,
+    pub ne: Vec<u64>,
+    pub n_elements: u64,
+    pub sha256: String,
+}
+
+pub fn smollm2_reference() -> Vec<RefTensor> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/smollm2_dequant.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+    v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| RefTensor {
+            name: t["name"].as_str().unwrap().to_string(),
+            ty: t["type"].as_str().unwrap().to_string(),
+            ne: t["ne"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect(),
+            n_elements: t["n_elements"].as_u64().unwrap(),
+            sha256: t["sha256"].as_str().unwrap().to_string(),
+        })
+        .collect()
+}
+
+pub fn rknot_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rknot"))
+}
