@@ -1,5 +1,6 @@
 //! Dense backend: ggml blocks at known offsets (GGUF and dense .knot).
 
+use crate::backend::scratch;
 use crate::backend::{
     Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
     origin,
@@ -149,24 +150,27 @@ impl Backend for DenseBackend {
         // Within the tensor (checked above), whose byte range was validated
         // against the file at open.
         let off = ext.offset + b0 * bb;
-        let mut raw = vec![0u8; ((b1 - b0) * bb) as usize];
-        self.src
-            .read_at(off, &mut raw)
-            .map_err(|e| e.tensor(&info.name.dot))?;
         let kernel_err = |e: quant::KernelError| {
             err(ErrorKind::BadValue, e.to_string())
                 .tensor(&info.name.dot)
                 .path(self.src.path())
                 .at(off)
         };
-        if b0 * be == first_elem && b1 * be == end {
-            quant::dequantize(ext.ty, &raw, out).map_err(kernel_err)?;
-        } else {
-            let mut tmp = vec![0f32; ((b1 - b0) * be) as usize];
-            quant::dequantize(ext.ty, &raw, &mut tmp).map_err(kernel_err)?;
-            let skip = (first_elem - b0 * be) as usize;
-            out.copy_from_slice(&tmp[skip..skip + out.len()]);
-        }
+        scratch::with_bytes(((b1 - b0) * bb) as usize, |raw| {
+            self.src
+                .read_at(off, raw)
+                .map_err(|e| e.tensor(&info.name.dot))?;
+            if b0 * be == first_elem && b1 * be == end {
+                quant::dequantize(ext.ty, raw, out).map_err(kernel_err)
+            } else {
+                scratch::with_floats(((b1 - b0) * be) as usize, |tmp| {
+                    quant::dequantize(ext.ty, raw, tmp).map_err(kernel_err)?;
+                    let skip = (first_elem - b0 * be) as usize;
+                    out.copy_from_slice(&tmp[skip..skip + out.len()]);
+                    Ok(())
+                })
+            }
+        })?;
         Ok(())
     }
 }

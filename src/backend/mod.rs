@@ -20,6 +20,7 @@ mod dense;
 mod layered;
 mod open;
 mod rknot;
+mod scratch;
 mod sketch;
 
 pub use dense::DenseBackend;

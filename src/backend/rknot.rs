@@ -1,6 +1,7 @@
 //! .rknot backend: scatter decoded tiles of the compact matrix into served
 //! rows; everything off the standing indices is exactly 0.0.
 
+use crate::backend::scratch;
 use crate::backend::{
     Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
     origin,
@@ -90,16 +91,15 @@ impl RknotBackend {
     fn decode(&self, t: &RknotTensorInfo, b: u64, tile_buf: &mut Vec<f32>) -> Result<()> {
         let tile = t.grid.tile(b);
         let (off, len) = t.blocks[b as usize];
-        let mut raw = vec![0u8; len as usize];
-        self.src
-            .read_at(off, &mut raw)
-            .map_err(|e| e.tensor(&t.name))?;
         tile_buf.resize((tile.rows * tile.cols) as usize, 0.0);
-        decode_block(t, &tile, &raw, tile_buf).map_err(|e| {
-            crate::Error::new(e.kind(), format!("block {b}: {}", e.message()))
-                .tensor(&t.name)
-                .path(self.src.path())
-                .at(off)
+        scratch::with_bytes(len as usize, |raw| {
+            self.src.read_at(off, raw).map_err(|e| e.tensor(&t.name))?;
+            decode_block(t, &tile, raw, tile_buf).map_err(|e| {
+                crate::Error::new(e.kind(), format!("block {b}: {}", e.message()))
+                    .tensor(&t.name)
+                    .path(self.src.path())
+                    .at(off)
+            })
         })
     }
 }
