@@ -9,11 +9,16 @@
 //!   primary + fallback backend.
 
 pub mod backend;
+pub mod bench;
+pub mod cache;
 pub mod error;
 pub mod format;
+pub mod fs;
+pub mod mount;
 pub mod names;
 pub mod quant;
 pub mod report;
 pub mod source;
+pub mod synth;
 
 pub use error::{Error, ErrorKind, Result};

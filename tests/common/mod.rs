@@ -75,3 +75,4 @@ pub fn smollm2_reference() -> Vec<RefTensor> {
 pub fn rknot_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rknot"))
 }
+pub mod mount;

@@ -1,0 +1,59 @@
+//! `rknot-mount SOURCE MOUNTPOINT`: serve every tensor of a model file as a
+//! file of decoded little-endian f32.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use rknot::mount::{self, MountRequest};
+
+#[derive(Parser)]
+#[command(
+    name = "rknot-mount",
+    version,
+    about = "Mount a .rknot, SK32, dense .knot or GGUF model read-only: every tensor becomes a file of raw little-endian f32",
+    after_help = "Unmount with `fusermount3 -u MOUNTPOINT` (or `umount`), or send SIGTERM/SIGINT to the daemon.\n\
+                  Logging: RUST_LOG (default info); in the background to --log-file."
+)]
+struct Cli {
+    /// Model file: .rknot, SK32 sketch, dense .knot or GGUF.
+    source: PathBuf,
+    /// Empty directory to mount on.
+    mountpoint: PathBuf,
+    /// Dense fallback (GGUF or dense .knot) for tensors SOURCE lacks.
+    #[arg(long)]
+    dense: Option<PathBuf>,
+    /// Decoded-block cache in MiB [default: 256].
+    #[arg(long)]
+    cache_mb: Option<u64>,
+    /// FUSE worker threads [default: number of CPUs, 2..=16].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Stay attached (for systemd); log to stderr.
+    #[arg(short, long)]
+    foreground: bool,
+    /// Mount options, comma-separated (repeatable): allow_other, allow_root,
+    /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
+    /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Log file of the background daemon [default: /var/log/rknot/mount-<mountpoint>.log
+    /// for root, else ~/.local/state/rknot/].
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let c = Cli::parse();
+    mount::run(MountRequest {
+        source: c.source,
+        mountpoint: c.mountpoint,
+        dense: c.dense,
+        cache_mb: c.cache_mb,
+        threads: c.threads,
+        foreground: c.foreground,
+        options: c.options,
+        log_file: c.log_file,
+    })
+}

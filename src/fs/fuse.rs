@@ -1,0 +1,379 @@
+//! The thin FUSE adapter: turns fuser callbacks into [`TensorFs`] calls and
+//! its results into replies. No filesystem logic lives here.
+
+use std::ffi::OsStr;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::{Attr, CTL_INO, Kind, TensorFs};
+
+/// Attributes and entries never change during a mount (except `ctl`,
+/// whose size is always 0 and whose content is read with direct I/O), so
+/// the kernel may cache them for a long time.
+const TTL: Duration = Duration::from_secs(3600);
+
+/// Kernel read-ahead (bytes) we ask for; the kernel clamps it to what it
+/// offers (128 KiB on stock kernels; `read_ahead_kb` raises it).
+const MAX_READAHEAD: u32 = 1 << 20;
+
+pub struct FuseAdapter {
+    pub fs: TensorFs,
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.mtime,
+        crtime: a.mtime,
+        kind: match a.kind {
+            Kind::Dir => FileType::Directory,
+            Kind::File => FileType::RegularFile,
+        },
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+fn errno(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Setters answer Err(nearest valid value) when out of range: take it.
+        if let Err(v) = config.set_max_readahead(MAX_READAHEAD) {
+            let _ = config.set_max_readahead(v);
+        }
+        if let Err(v) = config.set_max_background(64) {
+            let _ = config.set_max_background(v);
+        }
+        let mut wanted = InitFlags::FUSE_ASYNC_READ | InitFlags::FUSE_PARALLEL_DIROPS;
+        if self.fs.direct_io() {
+            // Lets mmap of a direct_io file work (kernels >= 6.6).
+            wanted |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        }
+        let offered = config.capabilities();
+        if let Err(missing) = config.add_capabilities(wanted & offered) {
+            log::warn!("kernel refused FUSE capabilities {missing:?}");
+        }
+        if self.fs.direct_io() && !offered.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            log::warn!(
+                "kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP (Linux < 6.6): mmap of direct_io files \
+                 would fail, so tensor files are served through the page cache instead"
+            );
+            self.fs.fall_back_to_page_cache();
+        }
+        log::info!("FUSE init: capabilities offered {offered:?}");
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::ENOENT);
+        };
+        match self.fs.lookup(parent.0, name) {
+            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // `echo cmd > ctl` truncates first: accept size 0 on ctl only.
+        let only_truncate = mode.is_none() && uid.is_none() && gid.is_none() && size == Some(0);
+        if ino.0 == CTL_INO && only_truncate {
+            return match self.fs.getattr(ino.0) {
+                Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
+        match self.fs.getattr(ino.0) {
+            Ok(_) => reply.error(Errno::EROFS),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        match self.fs.open(ino.0, write) {
+            Ok(m) => {
+                let mut f = FopenFlags::empty();
+                if m.keep_cache {
+                    f |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                if m.direct_io {
+                    f |= FopenFlags::FOPEN_DIRECT_IO;
+                }
+                reply.opened(FileHandle(m.fh), f);
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(ino.0, fh.0, offset, size) {
+            Ok(d) => reply.data(d.bytes()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if ino.0 != CTL_INO {
+            return reply.error(Errno::EROFS);
+        }
+        match self.fs.write_ctl(data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) if a.kind == Kind::Dir => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.fs.readdir(ino.0) {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(e)),
+        };
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            let kind = match kind {
+                Kind::Dir => FileType::Directory,
+                Kind::File => FileType::RegularFile,
+            };
+            // The offset passed back is that of the *next* entry.
+            if reply.add(INodeNo(*ino), (i + 1) as u64, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(s.blocks, 0, 0, s.files, 0, s.bsize, s.namelen, s.bsize);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        match self.fs.getattr(ino.0) {
+            Ok(_) if mask.contains(fuser::AccessFlags::W_OK) && ino.0 != CTL_INO => {
+                reply.error(Errno::EROFS)
+            }
+            Ok(_) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// No extended attributes: ENODATA (ENOSYS would make the kernel log
+    /// and retry on every write to ctl).
+    fn getxattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        match self.fs.getattr(ino.0) {
+            Ok(_) => reply.error(Errno::from_i32(libc::ENODATA)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.getattr(ino.0) {
+            Ok(_) if size == 0 => reply.size(0),
+            Ok(_) => reply.data(&[]),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &std::path::Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

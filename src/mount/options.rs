@@ -1,0 +1,141 @@
+//! `-o` mount options: the usual FUSE ones plus the mount's own.
+
+use fuser::{MountOption, SessionACL};
+
+/// Everything `-o` can set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOpts {
+    pub acl: SessionACL,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub fsname: Option<String>,
+    pub direct_io: bool,
+    pub cache_mb: Option<u64>,
+    pub threads: Option<usize>,
+    pub prefetch_threads: Option<usize>,
+    pub readahead_kb: Option<u32>,
+    pub chunk_kb: Option<u64>,
+    pub dense: Option<String>,
+}
+
+impl Default for MountOpts {
+    fn default() -> Self {
+        MountOpts {
+            acl: SessionACL::Owner,
+            uid: None,
+            gid: None,
+            fsname: None,
+            direct_io: false,
+            cache_mb: None,
+            threads: None,
+            prefetch_threads: None,
+            readahead_kb: None,
+            chunk_kb: None,
+            dense: None,
+        }
+    }
+}
+
+pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
+uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
+prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE; ignored (fstab): defaults, auto, \
+noauto, nofail, user, users, _netdev, x-*";
+
+fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
+    v.parse::<T>()
+        .map_err(|_| format!("mount option {key}={v:?}: not a number"))
+}
+
+/// Parse every `-o` argument (each a comma-separated list).
+pub fn parse(args: &[String]) -> Result<MountOpts, String> {
+    let mut o = MountOpts::default();
+    for item in args.iter().flat_map(|a| a.split(',')).map(str::trim) {
+        if item.is_empty() {
+            continue;
+        }
+        let (key, val) = match item.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (item, None),
+        };
+        match (key, val) {
+            ("allow_other", None) => o.acl = SessionACL::All,
+            ("allow_root", None) => {
+                if o.acl != SessionACL::All {
+                    o.acl = SessionACL::RootAndOwner;
+                }
+            }
+            ("default_permissions" | "ro" | "nosuid" | "nodev" | "noexec" | "noatime", None) => {}
+            ("defaults" | "auto" | "noauto" | "nofail" | "user" | "users" | "_netdev", None) => {}
+            (k, _) if k.starts_with("x-") => {}
+            ("rw", None) => {
+                return Err(
+                    "mount option rw: the mount is always read-only (only ctl is writable)".into(),
+                );
+            }
+            ("uid", Some(v)) => o.uid = Some(num(key, v)?),
+            ("gid", Some(v)) => o.gid = Some(num(key, v)?),
+            ("fsname", Some(v)) if !v.is_empty() => o.fsname = Some(v.to_string()),
+            ("direct_io", None) => o.direct_io = true,
+            ("cache_mb", Some(v)) => o.cache_mb = Some(num(key, v)?),
+            ("threads", Some(v)) => o.threads = Some(num(key, v)?),
+            ("prefetch_threads", Some(v)) => o.prefetch_threads = Some(num(key, v)?),
+            ("readahead_kb", Some(v)) => o.readahead_kb = Some(num(key, v)?),
+            ("chunk_kb", Some(v)) => o.chunk_kb = Some(num(key, v)?),
+            ("dense", Some(v)) if !v.is_empty() => o.dense = Some(v.to_string()),
+            _ => return Err(format!("unknown mount option {item:?} ({HELP})")),
+        }
+    }
+    Ok(o)
+}
+
+/// Kernel mount options for fuser. The filesystem is not mounted `ro` at
+/// the VFS level because `ctl` takes commands; every other write is refused
+/// by the filesystem with EROFS.
+pub fn fuser_options(o: &MountOpts, source: &str) -> Vec<MountOption> {
+    vec![
+        MountOption::FSName(o.fsname.clone().unwrap_or_else(|| source.to_string())),
+        MountOption::DefaultPermissions,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoExec,
+        MountOption::NoAtime,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &[&str]) -> Result<MountOpts, String> {
+        parse(&s.iter().map(|x| x.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn parses_fuse_and_own_options() {
+        let o = p(&[
+            "allow_other,uid=1000",
+            "gid=100,fsname=m,direct_io",
+            "cache_mb=64,threads=3",
+        ])
+        .unwrap();
+        assert_eq!(o.acl, SessionACL::All);
+        assert_eq!((o.uid, o.gid), (Some(1000), Some(100)));
+        assert_eq!(o.fsname.as_deref(), Some("m"));
+        assert!(o.direct_io);
+        assert_eq!((o.cache_mb, o.threads), (Some(64), Some(3)));
+        let o =
+            p(&["allow_root,defaults,nofail,x-systemd.automount,ro,default_permissions"]).unwrap();
+        assert_eq!(o.acl, SessionACL::RootAndOwner);
+    }
+
+    #[test]
+    fn rejects_bad_options() {
+        assert!(p(&["rw"]).unwrap_err().contains("read-only"));
+        assert!(p(&["uid=abc"]).unwrap_err().contains("not a number"));
+        assert!(
+            p(&["frobnicate"])
+                .unwrap_err()
+                .contains("unknown mount option")
+        );
+    }
+}
