@@ -20,8 +20,9 @@ use rknot::format::gguf::write_gguf;
 use rknot::format::knot::{KnotTensorOut, write_knot};
 use rknot::format::meta::{MetaType, MetaValue, Metadata};
 use rknot::format::rknot::{ArchMeta, Axis, Coding, LayerOut, Manifest, TensorSpec, write_rknot};
-use rknot::format::sk32::{Sketch, write_sk32};
+use rknot::format::sk32::write_sk32;
 use rknot::quant::GgmlType;
+use rknot::synth::{self, Rng};
 
 const HIDDEN: u64 = 256;
 const FFN: u64 = 512;
@@ -30,129 +31,6 @@ const LAYERS: u64 = 2;
 const HEADS: u64 = 8;
 const KV_HEADS: u64 = 4;
 const HEAD_DIM: u64 = HIDDEN / HEADS;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Roughly normal, std ~ 1 (sum of uniforms).
-    fn normal(&mut self) -> f32 {
-        (0..4)
-            .map(|_| (self.next() % 10_000) as f32 / 10_000.0)
-            .sum::<f32>()
-            * 1.7
-            - 3.4
-    }
-}
-
-fn f16_bits(x: f32) -> [u8; 2] {
-    half::f16::from_f32(x).to_le_bytes()
-}
-
-/// Blocks for `n` elements of `ty`. Float and Q8_0/Q4_x/Q5_x blocks are
-/// quantized from values (simple max-abs quantizers); k-quant blocks get
-/// random codes and small, realistic super-scales.
-fn tensor_bytes(ty: GgmlType, n: u64, std: f32, rng: &mut Rng) -> Vec<u8> {
-    let vals: Vec<f32> = (0..n).map(|_| rng.normal() * std).collect();
-    let mut out = Vec::new();
-    match ty {
-        GgmlType::F32 => vals.iter().for_each(|v| out.extend(v.to_le_bytes())),
-        GgmlType::F16 => vals.iter().for_each(|v| out.extend(f16_bits(*v))),
-        GgmlType::Bf16 => vals
-            .iter()
-            .for_each(|v| out.extend(half::bf16::from_f32(*v).to_le_bytes())),
-        GgmlType::Q8_0 => {
-            for b in vals.chunks(32) {
-                let m = b.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = m / 127.0;
-                out.extend(f16_bits(d));
-                out.extend(b.iter().map(|v| {
-                    if d > 0.0 {
-                        (v / d).round() as i8 as u8
-                    } else {
-                        0
-                    }
-                }));
-            }
-        }
-        GgmlType::Q4_0 | GgmlType::Q5_0 => {
-            let levels = if ty == GgmlType::Q4_0 { 8.0 } else { 16.0 };
-            for b in vals.chunks(32) {
-                let m = b.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = m / levels;
-                let q: Vec<u8> = b
-                    .iter()
-                    .map(|v| {
-                        let x = if d > 0.0 {
-                            (v / d).round() + levels
-                        } else {
-                            levels
-                        };
-                        x.clamp(0.0, 2.0 * levels - 1.0) as u8
-                    })
-                    .collect();
-                out.extend(f16_bits(d));
-                if ty == GgmlType::Q5_0 {
-                    let qh: u32 = (0..32).map(|i| u32::from(q[i] >> 4) << i).sum();
-                    out.extend(qh.to_le_bytes());
-                }
-                out.extend((0..16).map(|i| (q[i] & 0xf) | ((q[i + 16] & 0xf) << 4)));
-            }
-        }
-        GgmlType::Q4_1 | GgmlType::Q5_1 => {
-            let top = if ty == GgmlType::Q4_1 { 15.0 } else { 31.0 };
-            for b in vals.chunks(32) {
-                let lo = b.iter().fold(f32::MAX, |a, v| a.min(*v));
-                let hi = b.iter().fold(f32::MIN, |a, v| a.max(*v));
-                let d = (hi - lo) / top;
-                let q: Vec<u8> = b
-                    .iter()
-                    .map(|v| {
-                        if d > 0.0 {
-                            ((v - lo) / d).round().clamp(0.0, top) as u8
-                        } else {
-                            0
-                        }
-                    })
-                    .collect();
-                out.extend(f16_bits(d));
-                out.extend(f16_bits(lo));
-                if ty == GgmlType::Q5_1 {
-                    let qh: u32 = (0..32).map(|i| u32::from(q[i] >> 4) << i).sum();
-                    out.extend(qh.to_le_bytes());
-                }
-                out.extend((0..16).map(|i| (q[i] & 0xf) | ((q[i + 16] & 0xf) << 4)));
-            }
-        }
-        _ => {
-            // k-quants: random codes; d (and dmin) small positive f16.
-            let bb = ty.block_bytes() as usize;
-            for _ in 0..n / 256 {
-                let mut blk: Vec<u8> = (0..bb).map(|_| rng.next() as u8).collect();
-                let d = f16_bits(std / 24.0);
-                let dmin = f16_bits(std / 48.0);
-                let (d_at, dmin_at) = match ty {
-                    GgmlType::Q2K => (80, Some(82)),
-                    GgmlType::Q3K => (108, None),
-                    GgmlType::Q4K | GgmlType::Q5K => (0, Some(2)),
-                    GgmlType::Q6K => (208, None),
-                    _ => unreachable!("only k-quants reach here"),
-                };
-                blk[d_at..d_at + 2].copy_from_slice(&d);
-                if let Some(at) = dmin_at {
-                    blk[at..at + 2].copy_from_slice(&dmin);
-                }
-                out.extend(blk);
-            }
-        }
-    }
-    out
-}
 
 fn metadata() -> Metadata {
     let mut md = Metadata::default();
@@ -267,7 +145,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let list = tensor_list();
     let datas: Vec<Vec<u8>> = list
         .iter()
-        .map(|(_, ne, ty, std)| tensor_bytes(*ty, ne.iter().product(), *std, &mut rng))
+        .map(|(_, ne, ty, std)| synth::ggml_blocks(*ty, ne.iter().product(), *std, &mut rng))
         .collect();
 
     // GGUF.
@@ -314,20 +192,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let (d_out, d_in) = (ne[1] as usize, ne[0] as usize);
-        let u: Vec<f32> = (0..d_out * rank)
-            .map(|_| rng.normal() / (d_out as f32).sqrt())
-            .collect();
-        let vt: Vec<f32> = (0..rank * d_in)
-            .map(|_| rng.normal() / (d_in as f32).sqrt())
-            .collect();
-        let sigma: Vec<f32> = (0..rank).map(|r| 0.5 / (r + 1) as f32).collect();
-        sketches.push(Sketch::quantize(
+        sketches.push(synth::sketch(
             &name.replace("attn_output", "attn_o"),
             d_out,
             d_in,
-            &u,
-            &sigma,
-            &vt,
+            rank,
+            &mut rng,
         ));
     }
     write_sk32(

@@ -48,6 +48,30 @@ enum Cmd {
         #[arg(long)]
         length: Option<u64>,
     },
+    /// Benchmarks (numbers and ratios measured in one run).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Decode throughput and FUSE reads (cold, warm, random 4 KiB, tmpfs
+    /// baseline) in page-cache and direct_io modes; needs root and fuse3.
+    Mount {
+        /// Scratch directory for the synthetic model and the mountpoints.
+        #[arg(long, default_value = "/tmp/rknot-bench")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Decoded size of each benchmark tensor, MiB (>= 64).
+        #[arg(long, default_value_t = 128)]
+        size_mb: u64,
+        /// Cold 4 KiB reads per tensor, mode and round.
+        #[arg(long, default_value_t = 200)]
+        random_reads: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -84,6 +108,27 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         } => {
             let b = backend::open(&file, dense.as_deref())?;
             cat(b.as_ref(), &tensor, offset, length)
+        }
+        Cmd::Bench {
+            what:
+                BenchCmd::Mount {
+                    dir,
+                    rounds,
+                    size_mb,
+                    random_reads,
+                },
+        } => {
+            let exe = std::env::current_exe()?;
+            let mount_bin = exe.with_file_name("rknot-mount");
+            let opts = rknot::bench::MountBenchOpts {
+                dir,
+                rounds: rounds.max(1),
+                size_mb: size_mb.max(64),
+                random_reads: random_reads.max(1),
+                mount_bin,
+            };
+            let report = rknot::bench::mount_bench(&opts)?;
+            write_stdout(report.as_bytes())
         }
     }
 }
