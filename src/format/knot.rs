@@ -188,41 +188,62 @@ pub fn write_knot<W: Write>(
     metadata: &Metadata,
     tensors: &[KnotTensorOut],
 ) -> Result<()> {
-    let mut map = Map::new();
-    let mut offset = 0u64;
     for t in tensors {
-        let name = names::underscore(&names::canonical(t.name));
-        if !KNOT_TYPES.contains(&t.ty) {
-            return Err(err(
-                ErrorKind::UnsupportedType,
-                format!("{} cannot be stored in a dense .knot", t.ty),
-            )
-            .tensor(&name));
-        }
-        let n = check_shape(t.shape, t.ty).map_err(|e| e.tensor(&name))?;
-        let want = t.ty.bytes_for(n).unwrap_or(u64::MAX);
-        if t.data.len() as u64 != want {
+        let n = check_shape(t.shape, t.ty).map_err(|e| e.tensor(t.name))?;
+        if t.data.len() as u64 != t.ty.bytes_for(n).unwrap_or(u64::MAX) {
             return Err(err(
                 ErrorKind::LengthMismatch,
-                format!("{} bytes of data, {want} expected", t.data.len()),
+                format!("{} bytes of data for {} {:?}", t.data.len(), t.ty, t.shape),
+            )
+            .tensor(t.name));
+        }
+    }
+    let layout: Vec<(&str, GgmlType, &[u64])> =
+        tensors.iter().map(|t| (t.name, t.ty, t.shape)).collect();
+    write_knot_with(w, metadata, &layout, |i, w| {
+        w.write_all(tensors[i].data)
+            .map_err(|e| err(ErrorKind::Io, format!("write: {e}")))
+    })
+}
+
+/// Write a dense .knot whose tensor bytes come from `write_data(i, w)`,
+/// called once per tensor in order (it must write exactly the bytes the
+/// type and shape imply): lets a repack stream blocks from its source.
+pub fn write_knot_with<W: Write>(
+    w: &mut W,
+    metadata: &Metadata,
+    tensors: &[(&str, GgmlType, &[u64])],
+    mut write_data: impl FnMut(usize, &mut W) -> Result<()>,
+) -> Result<()> {
+    let mut map = Map::new();
+    let mut offset = 0u64;
+    for &(stored, ty, shape) in tensors {
+        let name = names::underscore(&names::canonical(stored));
+        if !KNOT_TYPES.contains(&ty) {
+            return Err(err(
+                ErrorKind::UnsupportedType,
+                format!("{ty} cannot be stored in a dense .knot"),
             )
             .tensor(&name));
         }
+        let n = check_shape(shape, ty).map_err(|e| e.tensor(&name))?;
+        let want = ty
+            .bytes_for(n)
+            .ok_or_else(|| err(ErrorKind::Overflow, "tensor byte size").tensor(&name))?;
         if map.contains_key(&name) {
             return Err(err(ErrorKind::BadName, "duplicate tensor name").tensor(&name));
         }
         map.insert(
             name,
-            json!({"type": t.ty.name(), "shape": t.shape, "offset": offset, "length": want}),
+            json!({"type": ty.name(), "shape": shape, "offset": offset, "length": want}),
         );
         offset = add(offset, want, "payload size")?;
     }
     let meta =
         json!({"format": "knot", "metadata": metadata.to_json(), "tensors": Value::Object(map)});
     container::write_container_header(w, &meta)?;
-    for t in tensors {
-        w.write_all(t.data)
-            .map_err(|e| err(ErrorKind::Io, format!("write: {e}")))?;
+    for i in 0..tensors.len() {
+        write_data(i, w)?;
     }
     Ok(())
 }

@@ -1,0 +1,194 @@
+//! Encoders: dense model -> SK32 sketches, .rknot, dense .knot.
+//!
+//! Every encoder reads the dense model through a [`Backend`] (the same
+//! decode path the mount serves), works on tensors in parallel (rayon),
+//! reports progress through [`Progress`] (a terminal progress bar, plain
+//! lines otherwise, or the counters of a `ctl` job), stops early when
+//! cancelled, and writes its file atomically ([`output::AtomicOutput`]).
+
+pub mod knot;
+pub mod linalg;
+pub mod output;
+pub mod rknot;
+pub mod sk32;
+
+use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::backend::{Backend, TensorInfo};
+use crate::error::{ErrorKind, Result, err};
+
+/// Progress and cancellation shared between an encoder and whoever watches
+/// it (the CLI, or a `ctl` job).
+#[derive(Default)]
+pub struct Progress {
+    pub total: AtomicU64,
+    pub done: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub cancelled: AtomicBool,
+    bar: Mutex<Option<indicatif::ProgressBar>>,
+    plain: AtomicBool,
+    started: Mutex<Option<Instant>>,
+}
+
+impl Progress {
+    /// Progress for a command line: a bar on a terminal, lines otherwise.
+    pub fn for_cli() -> Progress {
+        let p = Progress::default();
+        if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(0);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tensors {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            *p.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
+        } else {
+            p.plain.store(true, Ordering::Relaxed);
+        }
+        p
+    }
+
+    pub fn start(&self, total: u64) {
+        self.total.store(total, Ordering::Relaxed);
+        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            b.set_length(total);
+        }
+    }
+
+    /// One tensor finished.
+    pub fn tick(&self, name: &str) {
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let total = self.total.load(Ordering::Relaxed);
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            b.set_position(done);
+            b.set_message(name.to_string());
+        } else if self.plain.load(Ordering::Relaxed) {
+            eprintln!(
+                "encode: {done}/{total} tensors ({:.0}%) {name}",
+                done as f64 * 100.0 / total.max(1) as f64
+            );
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            b.finish_and_clear();
+        }
+    }
+
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    pub fn check(&self) -> Result<()> {
+        if self.cancelled.load(Ordering::Relaxed) {
+            return Err(err(ErrorKind::Unavailable, "cancelled"));
+        }
+        Ok(())
+    }
+
+    pub fn elapsed_secs(&self) -> f64 {
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(0.0, |t| t.elapsed().as_secs_f64())
+    }
+}
+
+/// `*` and `?` glob match (for `--tensors`).
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // Iterative matcher with backtracking to the last `*`.
+    let (mut pi, mut ni, mut star, mut mark) = (0usize, 0usize, None::<usize>, 0usize);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// The 2-D matrices of the transformer blocks (`blk.N.*`, never the vocab
+/// tables), optionally filtered by a glob on the dot name.
+pub fn block_matrices<'a>(b: &'a dyn Backend, glob: Option<&str>) -> Vec<(usize, &'a TensorInfo)> {
+    b.tensors()
+        .entries()
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| {
+            t.is_available()
+                && t.shape.len() == 2
+                && t.name.dot.starts_with("blk.")
+                && !crate::names::is_vocab_tensor(&t.name.dot)
+                && glob
+                    .is_none_or(|g| glob_match(g, &t.name.dot) || glob_match(g, &t.name.underscore))
+        })
+        .collect()
+}
+
+/// Decode a whole tensor.
+pub fn read_tensor(b: &dyn Backend, index: usize) -> Result<Vec<f32>> {
+    let n = b.tensors().entries()[index].n_elements;
+    let n =
+        usize::try_from(n).map_err(|_| err(ErrorKind::TooLarge, "tensor too large to encode"))?;
+    let mut v = vec![0f32; n];
+    b.read_f32(index, 0, &mut v)?;
+    Ok(v)
+}
+
+/// The kind of a block tensor (`attn_q`, `ffn_down`, ...), from its name.
+pub fn tensor_kind(dot: &str) -> &str {
+    let parts: Vec<&str> = dot.split('.').collect();
+    if parts.len() == 4 && parts[0] == "blk" {
+        parts[2]
+    } else {
+        dot
+    }
+}
+
+/// The layer of a block tensor.
+pub fn tensor_layer(dot: &str) -> Option<u64> {
+    let mut it = dot.split('.');
+    (it.next() == Some("blk")).then_some(())?;
+    it.next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("blk.*.attn_q.weight", "blk.12.attn_q.weight"));
+        assert!(glob_match("*ffn*", "blk.0.ffn_up.weight"));
+        assert!(glob_match("blk.?.attn_*", "blk.3.attn_k.weight"));
+        assert!(!glob_match("blk.?.attn_*", "blk.13.attn_k.weight"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("a*b", "acd"));
+    }
+
+    #[test]
+    fn kinds_and_layers() {
+        assert_eq!(tensor_kind("blk.3.attn_output.weight"), "attn_output");
+        assert_eq!(tensor_layer("blk.3.attn_output.weight"), Some(3));
+        assert_eq!(tensor_layer("token_embd.weight"), None);
+    }
+}

@@ -1,0 +1,293 @@
+//! Dense -> SK32: a truncated SVD of every block matrix, quantized to the
+//! seed's u8 layout.
+//!
+//! Within the SK32 layout (so readers written from the seed read our files),
+//! three quantization variants were measured against plain max-abs
+//! quantization of (U, σ, Vᵀ) (docs/QUALITY.md, examples/sk32_quant_explore):
+//! - refit (default): after U and σ are quantized, Vᵀ is refit by least
+//!   squares against W and then quantized, absorbing the rounding of U and
+//!   σ: 38% less error added by quantization at rank 128 (with clipping);
+//! - clipping (default): u_max / v_max by a search over clip levels
+//!   minimizing each factor's squared error; alone it is slightly worse than
+//!   max-abs, with refit it is better;
+//! - balancing (off; `--balance`): U·diag(√σ), diag(√σ)·Vᵀ, σ = 1. Measured
+//!   worse: it spreads the largest component's grid step onto the small
+//!   ones (error of component k grows like √(σ_k σ_max) instead of σ_k).
+
+use std::sync::atomic::Ordering;
+
+use rayon::prelude::*;
+
+use crate::backend::Backend;
+use crate::encode::linalg::{Mat, matmul, randomized_svd, symmetric_eigen};
+use crate::encode::output::AtomicOutput;
+use crate::encode::{Progress, block_matrices, read_tensor};
+use crate::error::{ErrorKind, Result, err};
+use crate::format::sk32::{Sketch, write_sk32};
+
+#[derive(Debug, Clone)]
+pub struct Sk32Options {
+    /// Fixed rank (clamped to each matrix's smaller dimension).
+    pub rank: Option<usize>,
+    /// Smallest rank that keeps this fraction of each matrix's energy.
+    pub energy: Option<f64>,
+    /// Glob on tensor names (block matrices only).
+    pub tensors: Option<String>,
+    pub oversample: usize,
+    pub power_iters: usize,
+    pub balance: bool,
+    pub clip_search: bool,
+    /// Refit Vᵀ by least squares against the quantized U and σ.
+    pub refit: bool,
+    pub seed: u64,
+}
+
+impl Default for Sk32Options {
+    fn default() -> Self {
+        Sk32Options {
+            rank: Some(64),
+            energy: None,
+            tensors: None,
+            oversample: 10,
+            power_iters: 4,
+            balance: false,
+            clip_search: true,
+            refit: true,
+            seed: 0x5eed_5c32,
+        }
+    }
+}
+
+/// Quantize one factor with an 8-bit symmetric grid around 128: returns
+/// (codes, max). With `clip`, the max is the clip level (searched over
+/// fractions of the max-abs) that minimizes the squared error.
+pub fn quantize_factor(x: &[f32], clip: bool) -> (Vec<u8>, f32) {
+    let maxabs = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if maxabs == 0.0 || !maxabs.is_finite() {
+        return (vec![128; x.len()], 0.0);
+    }
+    let code = |v: f32, m: f32| ((v / m * 127.0).round() + 128.0).clamp(1.0, 255.0) as u8;
+    let err = |m: f32| -> f64 {
+        x.iter()
+            .map(|&v| {
+                let q = crate::format::sk32::dequant_uv(code(v, m), m);
+                f64::from(v - q).powi(2)
+            })
+            .sum()
+    };
+    let mut best = maxabs;
+    if clip {
+        let mut best_err = err(maxabs);
+        for i in 1..=40 {
+            let m = maxabs * (1.0 - i as f32 * 0.0175); // down to 0.3 x max-abs
+            let e = err(m);
+            if e < best_err {
+                best_err = e;
+                best = m;
+            }
+        }
+    }
+    (x.iter().map(|&v| code(v, best)).collect(), best)
+}
+
+/// Result of sketching one matrix.
+pub struct SketchResult {
+    pub sketch: Sketch,
+    /// Σσ² of the kept components over ‖W‖², before quantization.
+    pub energy_kept: f64,
+}
+
+/// Sketch a `[d_out, d_in]` row-major matrix.
+pub fn sketch_matrix(
+    name: &str,
+    w: &[f32],
+    d_out: usize,
+    d_in: usize,
+    o: &Sk32Options,
+) -> Result<SketchResult> {
+    let a = Mat::from_f32(d_out, d_in, w);
+    let total = a.frobenius2();
+    let max_rank = d_out.min(d_in);
+    let (mut svd, rank) = match (o.energy, o.rank) {
+        (Some(e), _) => {
+            if !(0.0..=1.0).contains(&e) {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!("energy {e} must be in [0, 1]"),
+                ));
+            }
+            // Grow the sketch until it captures the energy (or is full).
+            let mut k = 32.min(max_rank);
+            loop {
+                let svd = randomized_svd(&a, k, o.oversample, o.power_iters, o.seed);
+                let mut acc = 0.0;
+                let r = svd.sigma.iter().position(|s| {
+                    acc += s * s;
+                    acc >= e * total
+                });
+                match r {
+                    Some(r) => break (svd, r + 1),
+                    None if k >= max_rank => break (svd, max_rank),
+                    None => k = (k * 2).min(max_rank),
+                }
+            }
+        }
+        (None, Some(r)) => {
+            let r = r.clamp(1, max_rank);
+            (
+                randomized_svd(&a, r, o.oversample, o.power_iters, o.seed),
+                r,
+            )
+        }
+        (None, None) => return Err(err(ErrorKind::BadValue, "need a rank or an energy")),
+    };
+    svd.truncate(rank);
+    let r = svd.rank();
+    let energy_kept = if total > 0.0 {
+        svd.sigma.iter().map(|s| s * s).sum::<f64>() / total
+    } else {
+        1.0
+    };
+    let (mut u, mut vt): (Vec<f32>, Vec<f32>) = (
+        svd.u.data.iter().map(|&x| x as f32).collect(),
+        svd.vt.data.iter().map(|&x| x as f32).collect(),
+    );
+    let mut sigma: Vec<f32> = svd.sigma.iter().map(|&s| s as f32).collect();
+    if o.balance {
+        for (j, s) in sigma.iter_mut().enumerate() {
+            let root = s.max(0.0).sqrt();
+            for i in 0..d_out {
+                u[i * r + j] *= root;
+            }
+            for x in &mut vt[j * d_in..(j + 1) * d_in] {
+                *x *= root;
+            }
+            *s = 1.0;
+        }
+    }
+    let (u_q8, u_max) = quantize_factor(&u, o.clip_search);
+    let sigma_max = sigma.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let sigma_q8: Vec<u8> = sigma
+        .iter()
+        .map(|&s| {
+            if sigma_max > 0.0 {
+                (s.max(0.0) / sigma_max * 255.0).round().clamp(0.0, 255.0) as u8
+            } else {
+                0
+            }
+        })
+        .collect();
+    if o.refit {
+        // Vᵀ = argmin ‖W − Ũ·diag(σ̃)·Vᵀ‖ for the *quantized* Ũ and σ̃: the
+        // least-squares fit absorbs their rounding (and part of the
+        // truncation) before Vᵀ itself is quantized.
+        let mut bq = Mat::zeros(d_out, r);
+        for i in 0..d_out {
+            for k in 0..r {
+                bq.data[i * r + k] =
+                    f64::from(crate::format::sk32::dequant_uv(u_q8[i * r + k], u_max))
+                        * f64::from(crate::format::sk32::dequant_sigma(sigma_q8[k], sigma_max));
+            }
+        }
+        if let Some(fit) = least_squares_right(&bq, &a) {
+            vt = fit.data.iter().map(|&x| x as f32).collect();
+        }
+    }
+    let (v_q8, v_max) = quantize_factor(&vt, o.clip_search);
+    Ok(SketchResult {
+        sketch: Sketch {
+            name: name.to_string(),
+            d_out: d_out as u64,
+            d_in: d_in as u64,
+            rank: r as u64,
+            u_max,
+            sigma_max,
+            v_max,
+            u_q8,
+            sigma_q8,
+            v_q8,
+        },
+        energy_kept,
+    })
+}
+
+/// `X = argmin ‖A − B·X‖_F` (B is m×r, A is m×n): the normal equations
+/// `(BᵀB) X = BᵀA`, solved through the eigen-decomposition of the small
+/// r×r Gram matrix. None when B is (numerically) rank deficient.
+fn least_squares_right(b: &Mat, a: &Mat) -> Option<Mat> {
+    let g = matmul(b, true, b, false);
+    let (vals, vecs) = symmetric_eigen(&g);
+    let top = vals.first().copied().unwrap_or(0.0);
+    if top <= 0.0 || vals.iter().any(|&l| l <= top * 1e-12) {
+        return None;
+    }
+    let r = g.rows;
+    // G⁻¹ = V diag(1/λ) Vᵀ
+    let mut vs = vecs.clone();
+    for row in vs.data.chunks_mut(r) {
+        for (x, l) in row.iter_mut().zip(&vals) {
+            *x /= l;
+        }
+    }
+    let ginv = matmul(&vs, false, &vecs, true);
+    let bta = matmul(b, true, a, false);
+    Some(matmul(&ginv, false, &bta, false))
+}
+
+/// Per-tensor outcome of an SK32 encoding.
+#[derive(Debug, Clone)]
+pub struct Sk32Entry {
+    pub name: String,
+    pub rank: u64,
+    pub energy_kept: f64,
+}
+
+/// Encode every block matrix of `dense` into an SK32 file at `out`.
+pub fn encode_sk32(
+    dense: &dyn Backend,
+    out: &std::path::Path,
+    overwrite: bool,
+    o: &Sk32Options,
+    progress: &Progress,
+) -> Result<Vec<Sk32Entry>> {
+    let targets = block_matrices(dense, o.tensors.as_deref());
+    if targets.is_empty() {
+        return Err(
+            err(ErrorKind::NotFound, "no block matrices to encode").path(&dense.summary().path)
+        );
+    }
+    progress.start(targets.len() as u64);
+    // Create the output first: an existing target fails before any work.
+    let mut output = AtomicOutput::create(out, overwrite)?;
+    let results: Vec<Result<SketchResult>> = targets
+        .par_iter()
+        .map(|&(i, t)| {
+            progress.check()?;
+            let w = read_tensor(dense, i)?;
+            let r = sketch_matrix(&t.name.dot, &w, t.shape[0] as usize, t.shape[1] as usize, o)
+                .map_err(|e| e.tensor(&t.name.dot))?;
+            progress.tick(&t.name.dot);
+            Ok(r)
+        })
+        .collect();
+    let results = results.into_iter().collect::<Result<Vec<_>>>()?;
+    progress.check()?;
+    let topology = match (o.energy, o.rank) {
+        (Some(e), _) => format!("energy-{e}-svd-sketch"),
+        (None, Some(r)) => format!("rank-{r}-svd-sketch"),
+        _ => "svd-sketch".into(),
+    };
+    let sketches: Vec<Sketch> = results.iter().map(|r| r.sketch.clone()).collect();
+    write_sk32(&mut output, &topology, &sketches)?;
+    let n = output.commit()?;
+    progress.bytes_written.store(n, Ordering::Relaxed);
+    progress.finish();
+    Ok(results
+        .iter()
+        .map(|r| Sk32Entry {
+            name: r.sketch.name.clone(),
+            rank: r.sketch.rank,
+            energy_kept: r.energy_kept,
+        })
+        .collect())
+}

@@ -1,0 +1,328 @@
+//! Encoders and `rknot verify` on the real model.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::mount::{Mounted, fuse_available};
+use common::*;
+use rknot::backend::{self, Backend};
+use rknot::encode::linalg::{Mat, randomized_svd, singular_values};
+
+fn read(b: &dyn Backend, name: &str) -> (Vec<f32>, usize, usize) {
+    let i = b.find(name).unwrap();
+    let t = &b.tensors().entries()[i];
+    let mut v = vec![0f32; t.n_elements as usize];
+    b.read_f32(i, 0, &mut v).unwrap();
+    let cols = *t.shape.last().unwrap_or(&1) as usize;
+    (v, t.n_elements as usize / cols.max(1), cols)
+}
+
+fn json(path: &str) -> serde_json::Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path);
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+/// The exact SVD (Jacobi on the Gram matrix) agrees with LAPACK's, and the
+/// randomized SVD's truncation error is within 1% of the exact optimum on
+/// real SmolLM2 matrices.
+#[test]
+fn randomized_svd_is_within_one_percent_of_exact() {
+    let Some(model) = smollm2() else { return };
+    let b = backend::open(&model, None).unwrap();
+    let reference = json("tests/data/quality/svd_reference.json");
+    for (name, rank) in [
+        ("blk.0.attn_q.weight", 64usize),
+        ("blk.5.ffn_down.weight", 32),
+    ] {
+        let (w, m, n) = read(b.as_ref(), name);
+        let a = Mat::from_f32(m, n, &w);
+        let exact = singular_values(&a);
+        let lapack: Vec<f64> = reference["tensors"][name]["singular_values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        for (i, (x, y)) in exact.iter().zip(&lapack).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-6 * lapack[0],
+                "{name} σ{i}: {x} vs LAPACK {y}"
+            );
+        }
+        let optimal: f64 = exact[rank..].iter().map(|s| s * s).sum::<f64>().sqrt();
+        let svd = randomized_svd(&a, rank, 10, 4, 1);
+        let rec = svd.reconstruct();
+        let err: f64 = a
+            .data
+            .iter()
+            .zip(&rec.data)
+            .map(|(x, y)| (x - y).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        eprintln!(
+            "{name} rank {rank}: randomized {err:.6}, optimal {optimal:.6} ({:+.3}%)",
+            (err / optimal - 1.0) * 100.0
+        );
+        assert!(err <= optimal * 1.01, "{name}: {err} > 1.01 x {optimal}");
+    }
+}
+
+fn rknot_bin_run(args: &[&str]) -> std::process::Output {
+    Command::new(rknot_bin()).args(args).output().unwrap()
+}
+
+/// `rknot verify --dense --json` per-tensor figures against numpy: the
+/// encoded file decoded by tools/independent_reader.py (written from
+/// docs/FORMAT.md), the dense one by gguf-py.
+fn check_verify_against_numpy(encoded: &Path, model: &Path) {
+    let o = rknot_bin_run(&[
+        "verify",
+        encoded.to_str().unwrap(),
+        "--dense",
+        model.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], true);
+    let script = format!(
+        r#"
+import json, sys
+sys.path.insert(0, "{tools}")
+import numpy as np, gguf
+import independent_reader as ir
+rd = gguf.GGUFReader("{model}")
+dense = {{t.name: t for t in rd.tensors}}
+kind, tensors = ir.open_any("{enc}")
+out = {{}}
+for name, t_enc in tensors.items():
+    if t_enc.unavailable:
+        continue
+    a = t_enc.data().astype(np.float64)
+    t = dense[name]
+    b = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64).reshape(-1)
+    e2 = float(((a - b) ** 2).sum()); r2 = float((b * b).sum()); a2 = float((a * a).sum())
+    out[name] = [(e2 / r2) ** 0.5, float((a * b).sum()) / (a2 * r2) ** 0.5, a2 / r2]
+print(json.dumps(out))
+"#,
+        tools = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tools")
+            .display(),
+        model = model.display(),
+        enc = encoded.display()
+    );
+    let py = Command::new("python3")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "numpy reference failed: {}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let want: serde_json::Value = serde_json::from_slice(&py.stdout).unwrap();
+    let tensors = v["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), want.as_object().unwrap().len());
+    for t in tensors {
+        let name = t["name"].as_str().unwrap();
+        let w = &want[name];
+        for (field, i) in [("rel_err", 0), ("cosine", 1), ("energy_retained", 2)] {
+            let (got, exp) = (t[field].as_f64().unwrap(), w[i].as_f64().unwrap());
+            assert!(
+                (got - exp).abs() <= 1e-4,
+                "{name} {field}: rknot {got} vs numpy {exp}"
+            );
+        }
+    }
+}
+
+fn read_every_tensor_through_mount(encoded: &Path, model: &Path) {
+    if !fuse_available() {
+        return;
+    }
+    let m = Mounted::new(encoded, &["--dense", model.to_str().unwrap()]);
+    let b = backend::open(encoded, Some(model)).unwrap();
+    for t in b.tensors().entries() {
+        let (want, _, _) = read(b.as_ref(), &t.name.dot);
+        let got = std::fs::read(m.path(&format!("{}.f32", t.name.underscore))).unwrap();
+        assert_eq!(got, f32_le_bytes(&want), "{}", t.name.dot);
+    }
+}
+
+#[test]
+fn sk32_rank64_encode_verify_mount() {
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("smol.sk32");
+    let o = rknot_bin_run(&[
+        "encode",
+        "sk32",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--rank",
+        "64",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The encoder's own summary line and an atomic result: nothing else left.
+    assert!(String::from_utf8_lossy(&o.stderr).contains("210 sketches"));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    check_verify_against_numpy(&out, &model);
+    read_every_tensor_through_mount(&out, &model);
+    // Refuses to overwrite; the existing file is untouched.
+    let before = std::fs::read(&out).unwrap();
+    let o = rknot_bin_run(&[
+        "encode",
+        "sk32",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--rank",
+        "8",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("output exists"));
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn rknot_seed_and_faithful_encode_verify_mount() {
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for (name, extra) in [
+        ("seed.rknot", vec!["--coverage", "0.3"]),
+        ("faithful.rknot", vec!["--profile", "faithful"]),
+    ] {
+        let out = dir.path().join(name);
+        let mut args = vec![
+            "encode",
+            "rknot",
+            model.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let o = rknot_bin_run(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        check_verify_against_numpy(&out, &model);
+        read_every_tensor_through_mount(&out, &model);
+    }
+}
+
+#[test]
+fn knot_repack_is_lossless() {
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("smol.knot");
+    let o = rknot_bin_run(&[
+        "encode",
+        "knot",
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = rknot_bin_run(&[
+        "verify",
+        out.to_str().unwrap(),
+        "--dense",
+        model.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 272);
+    assert_eq!(v["overall"]["rel_err"], 0.0);
+}
+
+/// A killed encoding leaves nothing at the target path.
+#[test]
+fn killed_encoding_leaves_no_target() {
+    let Some(model) = smollm2() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("killed.rknot");
+    let mut child = Command::new(rknot_bin())
+        .args([
+            "encode",
+            "rknot",
+            model.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--profile",
+            "faithful",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.exists(), "no file at the target");
+    // Only the hidden temporary may remain.
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let n = e.unwrap().file_name().to_string_lossy().to_string();
+        assert!(n.starts_with(".killed.rknot.tmp."), "{n}");
+    }
+}
+
+/// Measured facts for docs/QUALITY.md (printed, not asserted): K/V energy
+/// inside the standing dimensions at coverage 0.3, and the seed's
+/// σ1 >= 8·σ2 "cliff" predicate over every block matrix.
+#[test]
+fn report_gqa_energy_and_cliffs() {
+    let Some(model) = smollm2() else { return };
+    let b = backend::open(&model, None).unwrap();
+    let (mut kv_in, mut kv_all, mut cliffs, mut total) = (0f64, 0f64, 0, 0);
+    let mut max_ratio = 0f64;
+    for layer in 0..30 {
+        // Standing dims at coverage 0.3 by the encoder's energy rule.
+        let mut energy = vec![0f64; 576];
+        for k in ["attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"] {
+            let (w, _, d_in) = read(b.as_ref(), &format!("blk.{layer}.{k}.weight"));
+            for (i, x) in w.iter().enumerate() {
+                energy[i % d_in] += f64::from(*x).powi(2);
+            }
+        }
+        let (w, _, d_in) = read(b.as_ref(), &format!("blk.{layer}.ffn_down.weight"));
+        for (i, x) in w.iter().enumerate() {
+            energy[i / d_in] += f64::from(*x).powi(2);
+        }
+        let m = rknot::encode::rknot::build_manifest(&energy, 0.3);
+        for k in ["attn_k", "attn_v"] {
+            let (w, _, d_in) = read(b.as_ref(), &format!("blk.{layer}.{k}.weight"));
+            for (i, x) in w.iter().enumerate() {
+                let e = f64::from(*x).powi(2);
+                kv_all += e;
+                if m.position((i % d_in) as u64).is_some() {
+                    kv_in += e;
+                }
+            }
+        }
+        for k in [
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ] {
+            let (w, r, c) = read(b.as_ref(), &format!("blk.{layer}.{k}.weight"));
+            let svd = randomized_svd(&Mat::from_f32(r, c, &w), 2, 8, 6, 3);
+            let ratio = svd.sigma[0] / svd.sigma[1];
+            max_ratio = max_ratio.max(ratio);
+            total += 1;
+            if ratio >= 8.0 {
+                cliffs += 1;
+            }
+        }
+    }
+    eprintln!(
+        "FACT: K/V energy in the standing dims at coverage 0.3: {:.4}; sigma1 >= 8 sigma2 in {cliffs} of {total} matrices (largest sigma1/sigma2 = {max_ratio:.2})",
+        kv_in / kv_all
+    );
+}
