@@ -1,18 +1,20 @@
 //! `rknot-mount SOURCE MOUNTPOINT`: serve every tensor of a model file as a
-//! file of decoded little-endian f32.
+//! file of decoded little-endian f32, and the whole model as
+//! `model.safetensors` and `model.gguf`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 
+use rknot::fs::views::ViewSet;
 use rknot::mount::{self, MountRequest};
 
 #[derive(Parser)]
 #[command(
     name = "rknot-mount",
     version,
-    about = "Mount a .rknot, SK32, dense .knot or GGUF model read-only: every tensor becomes a file of raw little-endian f32",
+    about = "Mount a .rknot, SK32, dense .knot or GGUF model read-only: every tensor becomes a file of raw little-endian f32, and the model a model.safetensors and a model.gguf engines load directly",
     after_help = "Unmount with `fusermount3 -u MOUNTPOINT` (or `umount`), or send SIGTERM/SIGINT to the daemon.\n\
                   Logging: RUST_LOG (default info); in the background to --log-file."
 )]
@@ -33,11 +35,21 @@ struct Cli {
     /// Stay attached (for systemd); log to stderr.
     #[arg(short, long)]
     foreground: bool,
+    /// Tensor formats to serve, comma-separated: f32 (always), f16, bf16.
+    /// f16/bf16 add NAME.f16/NAME.bf16 files and model.f16.safetensors /
+    /// model.bf16.safetensors [default: f32].
+    #[arg(long, value_name = "LIST", value_parser = ViewSet::parse)]
+    views: Option<ViewSet>,
     /// Mount options, comma-separated (repeatable): allow_other, allow_root,
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
-    /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=.
+    /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=, views=,
+    /// jobs_dir=, max_jobs=, nojobs.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
+    /// Directory where `ctl` encoding jobs write their outputs [default: the
+    /// source file's directory].
+    #[arg(long)]
+    jobs_dir: Option<PathBuf>,
     /// Log file of the background daemon [default: /var/log/rknot/mount-<mountpoint>.log
     /// for root, else ~/.local/state/rknot/].
     #[arg(long)]
@@ -55,5 +67,7 @@ fn main() -> ExitCode {
         foreground: c.foreground,
         options: c.options,
         log_file: c.log_file,
+        views: c.views,
+        jobs_dir: c.jobs_dir,
     })
 }

@@ -13,9 +13,9 @@ use fuser::{
 
 use super::{Attr, CTL_INO, Kind, TensorFs};
 
-/// Attributes and entries never change during a mount (except `ctl`,
-/// whose size is always 0 and whose content is read with direct I/O), so
-/// the kernel may cache them for a long time.
+/// Attributes and entries of the tensor files and views never change during
+/// a mount, so the kernel may cache them for a long time (the live files,
+/// `ctl`, `ctl.json` and `jobs/`, get no caching: see `ttl`).
 const TTL: Duration = Duration::from_secs(3600);
 
 /// Kernel read-ahead (bytes) we ask for; the kernel clamps it to what it
@@ -53,7 +53,25 @@ fn errno(e: i32) -> Errno {
     Errno::from_i32(e)
 }
 
+impl FuseAdapter {
+    /// How long the kernel may cache an inode's entry and attributes: long
+    /// for the immutable files, not at all for the live ones (ctl, jobs).
+    fn ttl(&self, ino: u64) -> Duration {
+        if self.fs.is_live(ino) {
+            Duration::ZERO
+        } else {
+            TTL
+        }
+    }
+}
+
 impl Filesystem for FuseAdapter {
+    /// Unmount: cancel encoding jobs and let them remove their temporary
+    /// files before the process exits.
+    fn destroy(&mut self) {
+        self.fs.shutdown_jobs();
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Setters answer Err(nearest valid value) when out of range: take it.
         if let Err(v) = config.set_max_readahead(MAX_READAHEAD) {
@@ -87,14 +105,14 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOENT);
         };
         match self.fs.lookup(parent.0, name) {
-            Ok(a) => reply.entry(&TTL, &file_attr(&a), Generation(0)),
+            Ok(a) => reply.entry(&self.ttl(a.ino), &file_attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+            Ok(a) => reply.attr(&self.ttl(a.ino), &file_attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -121,7 +139,7 @@ impl Filesystem for FuseAdapter {
         let only_truncate = mode.is_none() && uid.is_none() && gid.is_none() && size == Some(0);
         if ino.0 == CTL_INO && only_truncate {
             return match self.fs.getattr(ino.0) {
-                Ok(a) => reply.attr(&TTL, &file_attr(&a)),
+                Ok(a) => reply.attr(&self.ttl(a.ino), &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),
             };
         }
@@ -213,10 +231,13 @@ impl Filesystem for FuseAdapter {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.getattr(ino.0) {
-            Ok(a) if a.kind == Kind::Dir => reply.opened(
+            // The root never changes: let the kernel cache its listing.
+            // `jobs/` grows as jobs are submitted.
+            Ok(a) if a.kind == Kind::Dir && !self.fs.is_live(ino.0) => reply.opened(
                 FileHandle(0),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
+            Ok(a) if a.kind == Kind::Dir => reply.opened(FileHandle(0), FopenFlags::empty()),
             Ok(_) => reply.error(Errno::ENOTDIR),
             Err(e) => reply.error(errno(e)),
         }

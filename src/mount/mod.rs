@@ -25,6 +25,7 @@ use fuser::{Config, Session};
 
 use crate::backend::{self, Backend};
 use crate::fs::fuse::FuseAdapter;
+use crate::fs::views::ViewSet;
 use crate::fs::{FsConfig, INDEX_NAME, TensorFs};
 
 /// Default decoded-block cache. In the default page-cache mode the kernel
@@ -44,6 +45,9 @@ pub struct MountRequest {
     pub foreground: bool,
     pub options: Vec<String>,
     pub log_file: Option<PathBuf>,
+    /// Tensor formats besides f32 (`--views`); overrides `-o views=`.
+    pub views: Option<ViewSet>,
+    pub jobs_dir: Option<PathBuf>,
 }
 
 /// A failure before or during mounting: message for the user.
@@ -100,6 +104,8 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
             k.clamp(4, 16 * 1024) * 1024
         }),
         prefetch_threads: opts.prefetch_threads.unwrap_or_else(n_cpus),
+        views: req.views.or(opts.views).unwrap_or_default(),
+        jobs: jobs_config(req, &opts, &source, dense.as_deref(), backend.as_ref())?,
         ..FsConfig::default()
     };
     let mut fuse_config = Config::default();
@@ -118,6 +124,49 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         readahead_kb: opts.readahead_kb.unwrap_or(1024),
         log_file,
     })
+}
+
+/// Encoding jobs through `ctl`: outputs go to `--jobs-dir` (default: the
+/// source file's directory); they encode from the mounted model's dense
+/// data (the source when it is dense, else the fallback).
+fn jobs_config(
+    req: &MountRequest,
+    opts: &options::MountOpts,
+    source: &Path,
+    dense: Option<&Path>,
+    b: &dyn Backend,
+) -> Result<Option<crate::fs::JobsConfig>, String> {
+    if opts.no_jobs {
+        return Ok(None);
+    }
+    let dir = match req
+        .jobs_dir
+        .clone()
+        .or_else(|| opts.jobs_dir.as_ref().map(PathBuf::from))
+    {
+        Some(d) => std::path::absolute(&d).unwrap_or(d),
+        None => source
+            .parent()
+            .map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "jobs directory {} is not a directory",
+            dir.display()
+        ));
+    }
+    let dense_source = if b.summary().format.is_primary_kind() {
+        dense.map(Path::to_path_buf)
+    } else {
+        Some(source.to_path_buf())
+    };
+    Ok(Some(crate::fs::JobsConfig {
+        dir,
+        dense: dense_source,
+        max_running: opts.max_jobs.unwrap_or(1).max(1),
+        // One core is left to the FUSE threads.
+        threads: n_cpus().saturating_sub(1).max(1),
+    }))
 }
 
 /// Where a background daemon logs: `/var/log/rknot/` for root, else
@@ -260,6 +309,19 @@ fn tune_allocator() {
     }
 }
 
+/// Hand the memory freed while building the namespace back to the kernel.
+/// Rendering index.json and the views' headers allocates (and frees) tens
+/// of MB of small objects for a large vocabulary, some on a helper thread's
+/// arena; glibc keeps freed small blocks mapped, which otherwise stays in
+/// the daemon's RSS for its whole life.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Mount and serve until unmounted. `notify` is the pipe to the waiting
 /// parent in background mode.
 fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
@@ -280,6 +342,7 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     let mountpoint = prep.mountpoint.clone();
     let summary = prep.backend.summary().clone();
     let fs = TensorFs::new(prep.backend, prep.fs_config);
+    release_free_memory();
     let direct_io = fs.direct_io();
     let n_files = fs.n_tensor_files();
     let mut session = match Session::new(FuseAdapter { fs }, &mountpoint, &prep.fuse_config) {

@@ -2,6 +2,8 @@
 
 use fuser::{MountOption, SessionACL};
 
+use crate::fs::views::{ElemFormat, ViewSet};
+
 /// Everything `-o` can set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountOpts {
@@ -16,6 +18,10 @@ pub struct MountOpts {
     pub readahead_kb: Option<u32>,
     pub chunk_kb: Option<u64>,
     pub dense: Option<String>,
+    pub views: Option<ViewSet>,
+    pub jobs_dir: Option<String>,
+    pub max_jobs: Option<usize>,
+    pub no_jobs: bool,
 }
 
 impl Default for MountOpts {
@@ -32,14 +38,18 @@ impl Default for MountOpts {
             readahead_kb: None,
             chunk_kb: None,
             dense: None,
+            views: None,
+            jobs_dir: None,
+            max_jobs: None,
+            no_jobs: false,
         }
     }
 }
 
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
 uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
-prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE; ignored (fstab): defaults, auto, \
-noauto, nofail, user, users, _netdev, x-*";
+prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
+noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs";
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -49,10 +59,22 @@ fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
 /// Parse every `-o` argument (each a comma-separated list).
 pub fn parse(args: &[String]) -> Result<MountOpts, String> {
     let mut o = MountOpts::default();
+    // The `views=` list: `-o views=f32,f16` splits into `views=f32` and
+    // `f16`, so bare format names right after it continue it.
+    let mut views: Option<String> = None;
+    let mut views_open = false;
     for item in args.iter().flat_map(|a| a.split(',')).map(str::trim) {
         if item.is_empty() {
             continue;
         }
+        if views_open && ElemFormat::from_ext(item).is_some() {
+            if let Some(list) = views.as_mut() {
+                list.push(',');
+                list.push_str(item);
+            }
+            continue;
+        }
+        let after_views = std::mem::take(&mut views_open);
         let (key, val) = match item.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (item, None),
@@ -82,8 +104,23 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
             ("readahead_kb", Some(v)) => o.readahead_kb = Some(num(key, v)?),
             ("chunk_kb", Some(v)) => o.chunk_kb = Some(num(key, v)?),
             ("dense", Some(v)) if !v.is_empty() => o.dense = Some(v.to_string()),
+            ("jobs_dir", Some(v)) if !v.is_empty() => o.jobs_dir = Some(v.to_string()),
+            ("max_jobs", Some(v)) => o.max_jobs = Some(num(key, v)?),
+            ("nojobs", None) => o.no_jobs = true,
+            ("views", Some(v)) => {
+                views = Some(v.to_string());
+                views_open = true;
+            }
+            (_, None) if after_views => {
+                return Err(format!(
+                    "mount option views: unknown view {item:?} (views: f32, f16, bf16)"
+                ));
+            }
             _ => return Err(format!("unknown mount option {item:?} ({HELP})")),
         }
+    }
+    if let Some(list) = views {
+        o.views = Some(ViewSet::parse(&list).map_err(|e| format!("mount option views: {e}"))?);
     }
     Ok(o)
 }
@@ -126,6 +163,30 @@ mod tests {
         let o =
             p(&["allow_root,defaults,nofail,x-systemd.automount,ro,default_permissions"]).unwrap();
         assert_eq!(o.acl, SessionACL::RootAndOwner);
+    }
+
+    #[test]
+    fn views_lists_in_o_options() {
+        let both = ViewSet {
+            f16: true,
+            bf16: true,
+        };
+        assert_eq!(p(&["views=f32,f16,bf16"]).unwrap().views, Some(both));
+        assert_eq!(
+            p(&["views=f16+bf16,allow_other"]).unwrap().views,
+            Some(both)
+        );
+        let o = p(&["views=f16", "allow_other,cache_mb=3"]).unwrap();
+        assert_eq!(o.views.map(|v| (v.f16, v.bf16)), Some((true, false)));
+        assert_eq!(o.acl, SessionACL::All);
+        assert_eq!(p(&[]).unwrap().views, None);
+        // A format name not right after views= is not an option.
+        assert!(p(&["views=f32,allow_other,f16"]).is_err());
+        assert!(
+            p(&["views=f32,f64"])
+                .unwrap_err()
+                .contains("unknown view \"f64\"")
+        );
     }
 
     #[test]

@@ -1,0 +1,1158 @@
+//! Engine-ready views: whole-model files (`model.safetensors`,
+//! `model.gguf`, `model.f16.safetensors`, `model.bf16.safetensors`) and
+//! half-precision tensor files (`NAME.f16`, `NAME.bf16`), built from tensor
+//! shapes and metadata only.
+//!
+//! A view is a *virtual file*: a [`Layout`] of header bytes followed by an
+//! ordered list of [`Segment`]s, each the whole of one tensor encoded in the
+//! view's [`ElemFormat`]; bytes between segments (GGUF alignment) are zero.
+//! Nothing here decodes: [`Layout::pieces`] maps a byte range of the view to
+//! header bytes, padding and tensor byte ranges, and the filesystem serves
+//! the tensor ranges from the same decoded-chunk cache as the `.f32` files,
+//! converting f32 to f16/bf16 on the fly ([`encode_into`]) so there is never
+//! a second decoded copy.
+//!
+//! Inode numbers (stable across remounts of the same files, whatever
+//! `--views` says): 4 `model.safetensors`, 5 `model.gguf`,
+//! 6 `model.f16.safetensors`, 7 `model.bf16.safetensors`; the tensor file of
+//! the i-th served tensor in format k (0 f32, 1 f16, 2 bf16) is
+//! `16 + i + k * 2^32`, so `.f32` inodes keep their `16 + i`.
+
+use std::ops::Range;
+
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use half::{bf16, f16};
+use serde_json::json;
+
+use crate::error::{ErrorKind, Result, add, err, mul, product};
+use crate::format::gguf::{self, ALIGNMENT_KEY, DEFAULT_ALIGNMENT};
+use crate::format::meta::{MetaValue, Metadata};
+use crate::quant::GgmlType;
+
+/// Inode of `model.safetensors` (F32).
+pub const SAFETENSORS_INO: u64 = 4;
+/// Inode of `model.gguf`.
+pub const GGUF_INO: u64 = 5;
+/// Inode of `model.f16.safetensors`.
+pub const F16_SAFETENSORS_INO: u64 = 6;
+/// Inode of `model.bf16.safetensors`.
+pub const BF16_SAFETENSORS_INO: u64 = 7;
+/// Tensor files of format k live at `16 + i + k * FORMAT_INO_STRIDE`.
+pub const FORMAT_INO_STRIDE: u64 = 1 << 32;
+
+/// The reference safetensors implementation refuses headers larger than
+/// this (`MAX_HEADER_SIZE`).
+pub const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
+
+/// Metadata arrays longer than this are summarized in `__metadata__` only
+/// when the full header would pass [`SAFETENSORS_MAX_HEADER`].
+const SUMMARY_ARRAY_LIMIT: usize = 1024;
+
+/// Elements converted per batch when encoding f16/bf16 (a stack buffer: no
+/// allocation per read).
+const ENCODE_BATCH: usize = 2048;
+
+/// How a view stores each element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElemFormat {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl ElemFormat {
+    pub const ALL: [ElemFormat; 3] = [ElemFormat::F32, ElemFormat::F16, ElemFormat::Bf16];
+
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            ElemFormat::F32 => 4,
+            ElemFormat::F16 | ElemFormat::Bf16 => 2,
+        }
+    }
+
+    /// File extension and `--views` spelling.
+    pub fn ext(self) -> &'static str {
+        match self {
+            ElemFormat::F32 => "f32",
+            ElemFormat::F16 => "f16",
+            ElemFormat::Bf16 => "bf16",
+        }
+    }
+
+    /// safetensors dtype.
+    pub fn dtype(self) -> &'static str {
+        match self {
+            ElemFormat::F32 => "F32",
+            ElemFormat::F16 => "F16",
+            ElemFormat::Bf16 => "BF16",
+        }
+    }
+
+    /// k in the inode scheme (module docs).
+    pub fn ordinal(self) -> u64 {
+        match self {
+            ElemFormat::F32 => 0,
+            ElemFormat::F16 => 1,
+            ElemFormat::Bf16 => 2,
+        }
+    }
+
+    pub fn from_ordinal(k: u64) -> Option<ElemFormat> {
+        ElemFormat::ALL.into_iter().find(|f| f.ordinal() == k)
+    }
+
+    pub fn from_ext(s: &str) -> Option<ElemFormat> {
+        ElemFormat::ALL.into_iter().find(|f| f.ext() == s)
+    }
+}
+
+/// The per-tensor formats a mount serves (`--views`). f32 is always
+/// served: the `.f32` files and the F32 model views are the mount's base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ViewSet {
+    pub f16: bool,
+    pub bf16: bool,
+}
+
+impl ViewSet {
+    /// Parse `f32,f16,bf16` (`,` or `+` separated; `+` is what fits in a
+    /// `-o` list). Unknown entries are an error naming them.
+    pub fn parse(list: &str) -> std::result::Result<ViewSet, String> {
+        let mut v = ViewSet::default();
+        for item in list
+            .split([',', '+'])
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            match ElemFormat::from_ext(item) {
+                Some(ElemFormat::F32) => {}
+                Some(ElemFormat::F16) => v.f16 = true,
+                Some(ElemFormat::Bf16) => v.bf16 = true,
+                None => {
+                    return Err(format!(
+                        "unknown view {item:?} in {list:?} (views: f32, f16, bf16)"
+                    ));
+                }
+            }
+        }
+        Ok(v)
+    }
+
+    pub fn has(self, fmt: ElemFormat) -> bool {
+        match fmt {
+            ElemFormat::F32 => true,
+            ElemFormat::F16 => self.f16,
+            ElemFormat::Bf16 => self.bf16,
+        }
+    }
+
+    /// Served formats, f32 first.
+    pub fn formats(self) -> Vec<ElemFormat> {
+        ElemFormat::ALL
+            .into_iter()
+            .filter(|f| self.has(*f))
+            .collect()
+    }
+
+    /// `f32,f16` style list.
+    pub fn names(self) -> String {
+        self.formats()
+            .iter()
+            .map(|f| f.ext())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// The whole-model views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelView {
+    Safetensors(ElemFormat),
+    Gguf,
+}
+
+impl ModelView {
+    /// In listing order.
+    pub const ALL: [ModelView; 4] = [
+        ModelView::Safetensors(ElemFormat::F32),
+        ModelView::Gguf,
+        ModelView::Safetensors(ElemFormat::F16),
+        ModelView::Safetensors(ElemFormat::Bf16),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelView::Safetensors(ElemFormat::F32) => "model.safetensors",
+            ModelView::Safetensors(ElemFormat::F16) => "model.f16.safetensors",
+            ModelView::Safetensors(ElemFormat::Bf16) => "model.bf16.safetensors",
+            ModelView::Gguf => "model.gguf",
+        }
+    }
+
+    pub fn ino(self) -> u64 {
+        match self {
+            ModelView::Safetensors(ElemFormat::F32) => SAFETENSORS_INO,
+            ModelView::Safetensors(ElemFormat::F16) => F16_SAFETENSORS_INO,
+            ModelView::Safetensors(ElemFormat::Bf16) => BF16_SAFETENSORS_INO,
+            ModelView::Gguf => GGUF_INO,
+        }
+    }
+
+    pub fn format(self) -> ElemFormat {
+        match self {
+            ModelView::Safetensors(f) => f,
+            ModelView::Gguf => ElemFormat::F32,
+        }
+    }
+
+    /// The F32 views are always offered (when they can be built); the
+    /// half-precision safetensors only when `--views` asks for the format.
+    pub fn requested(self, set: ViewSet) -> bool {
+        set.has(self.format())
+    }
+}
+
+/// One tensor of a virtual file: bytes `[start, start + len)` of the view
+/// are tensor file `file` encoded in the view's format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    pub start: u64,
+    pub len: u64,
+    /// Index of the tensor file (the filesystem's table, not the backend's).
+    pub file: usize,
+}
+
+impl Segment {
+    /// `Layout::new` checked that this does not overflow; saturating for
+    /// segments built elsewhere (`chunks_after` takes any slice).
+    fn end(&self) -> u64 {
+        self.start.saturating_add(self.len)
+    }
+}
+
+/// Where the bytes of part of a read come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// These bytes of the header.
+    Header(Range<usize>),
+    /// This many zero bytes (alignment padding).
+    Zeros(usize),
+    /// Bytes `range` (relative to the segment's start, in the view's
+    /// format) of segment `seg`.
+    Tensor { seg: usize, range: Range<u64> },
+}
+
+/// A virtual file: header bytes, then segments in increasing order, zeros
+/// in any gap and after the last segment up to `size`.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    header: Vec<u8>,
+    fmt: ElemFormat,
+    segments: Vec<Segment>,
+    size: u64,
+}
+
+impl Layout {
+    /// Check that segments follow the header, are in order, do not overlap,
+    /// hold whole elements and end within `size`.
+    pub fn new(
+        header: Vec<u8>,
+        fmt: ElemFormat,
+        segments: Vec<Segment>,
+        size: u64,
+    ) -> Result<Layout> {
+        let mut pos = header.len() as u64;
+        for s in &segments {
+            let end = add(s.start, s.len, "view segment end")?;
+            if s.start < pos || !s.len.is_multiple_of(fmt.bytes()) {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!(
+                        "internal error: view segment [{}, {end}) overlaps byte {pos} or holds \
+                         a partial element",
+                        s.start
+                    ),
+                ));
+            }
+            pos = end;
+        }
+        if pos > size {
+            return Err(err(
+                ErrorKind::BadValue,
+                format!("internal error: view segments end at {pos}, past the size {size}"),
+            ));
+        }
+        Ok(Layout {
+            header,
+            fmt,
+            segments,
+            size,
+        })
+    }
+
+    pub fn header(&self) -> &[u8] {
+        &self.header
+    }
+
+    pub fn fmt(&self) -> ElemFormat {
+        self.fmt
+    }
+
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Where bytes `[offset, end)` (clipped to the size) come from, in
+    /// order. Empty at or past the end.
+    pub fn pieces(&self, offset: u64, end: u64) -> Vec<Piece> {
+        let end = end.min(self.size);
+        let mut out = Vec::new();
+        let mut pos = offset;
+        let hlen = self.header.len() as u64;
+        if pos < end && pos < hlen {
+            let e = end.min(hlen);
+            // Both are at most the header's length, which is a usize.
+            out.push(Piece::Header(pos as usize..e as usize));
+            pos = e;
+        }
+        let mut i = self.segments.partition_point(|s| s.end() <= pos);
+        while pos < end {
+            match self.segments.get(i) {
+                Some(s) if pos < s.start => {
+                    let e = end.min(s.start);
+                    // A gap inside one read: bounded by the read's size.
+                    out.push(Piece::Zeros((e - pos) as usize));
+                    pos = e;
+                }
+                Some(s) => {
+                    let e = end.min(s.end());
+                    if e > pos {
+                        out.push(Piece::Tensor {
+                            seg: i,
+                            range: pos - s.start..e - s.start,
+                        });
+                    }
+                    pos = e;
+                    i += 1;
+                }
+                None => {
+                    out.push(Piece::Zeros((end - pos) as usize));
+                    pos = end;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Up to `n` (tensor file, chunk) pairs a sequential reader of `segments`
+/// (elements of `bpe` bytes) will need after byte `end`: the chunks after
+/// the one holding byte `end - 1`, continuing into the following segments.
+/// `chunk_elems(file)` is that file's chunk length in elements.
+pub fn chunks_after(
+    segments: &[Segment],
+    bpe: u64,
+    end: u64,
+    n: u64,
+    chunk_elems: impl Fn(usize) -> u64,
+) -> Vec<(usize, u64)> {
+    let mut out = Vec::new();
+    let mut i = segments.partition_point(|s| s.end() <= end);
+    let mut first = match segments.get(i) {
+        Some(s) if end > s.start => {
+            let ce = chunk_elems(s.file).max(1);
+            ((end - s.start - 1) / bpe) / ce + 1
+        }
+        _ => 0,
+    };
+    while (out.len() as u64) < n {
+        let Some(s) = segments.get(i) else { break };
+        let ce = chunk_elems(s.file).max(1);
+        let n_chunks = (s.len / bpe).div_ceil(ce);
+        let mut c = first;
+        while c < n_chunks && (out.len() as u64) < n {
+            out.push((s.file, c));
+            c += 1;
+        }
+        first = 0;
+        i += 1;
+    }
+    out
+}
+
+/// Append bytes `[skip, skip + take)` of `vals` encoded little-endian as
+/// `fmt` to `out`. f16 and bf16 round to nearest, ties to even (the `half`
+/// crate; F16C instructions when the CPU has them).
+pub fn encode_into(fmt: ElemFormat, vals: &[f32], skip: usize, take: usize, out: &mut Vec<u8>) {
+    if fmt == ElemFormat::F32 {
+        let bytes = bytemuck::cast_slice::<f32, u8>(vals);
+        let end = (skip + take).min(bytes.len());
+        out.extend_from_slice(&bytes[skip.min(end)..end]);
+        return;
+    }
+    let end = skip + take;
+    let mut buf = [0u16; ENCODE_BATCH];
+    let mut pos = 0usize;
+    for batch in vals.chunks(ENCODE_BATCH) {
+        if pos >= end {
+            break;
+        }
+        let nb = batch.len() * 2;
+        if pos + nb > skip {
+            let dst = &mut buf[..batch.len()];
+            match fmt {
+                ElemFormat::F16 => dst
+                    .reinterpret_cast_mut::<f16>()
+                    .convert_from_f32_slice(batch),
+                // Bf16 (f32 returned above).
+                _ => dst
+                    .reinterpret_cast_mut::<bf16>()
+                    .convert_from_f32_slice(batch),
+            }
+            // The crate serves little-endian hosts only (as for f32).
+            let bytes = bytemuck::cast_slice::<u16, u8>(dst);
+            let lo = skip.saturating_sub(pos);
+            let hi = nb.min(end - pos);
+            out.extend_from_slice(&bytes[lo..hi]);
+        }
+        pos += nb;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Building the views (shapes and metadata only: nothing is decoded)
+
+/// One tensor as the view builders see it.
+#[derive(Debug, Clone)]
+pub struct ViewTensor<'a> {
+    /// Index of the tensor file.
+    pub file: usize,
+    /// Canonical dot name.
+    pub name: &'a str,
+    /// Served shape, outer-first.
+    pub shape: &'a [u64],
+    pub n_elements: u64,
+}
+
+/// Bytes of `t` in `fmt`, after checking that its shape holds its elements.
+fn tensor_len(t: &ViewTensor, fmt: ElemFormat) -> Result<u64> {
+    let n = product(t.shape, "element count").map_err(|e| e.tensor(t.name))?;
+    if n != t.n_elements {
+        return Err(err(
+            ErrorKind::BadShape,
+            format!(
+                "shape {:?} holds {n} elements, not {}",
+                t.shape, t.n_elements
+            ),
+        )
+        .tensor(t.name));
+    }
+    mul(n, fmt.bytes(), "tensor bytes").map_err(|e| e.tensor(t.name))
+}
+
+/// A metadata value as a safetensors `__metadata__` string: strings as
+/// they are; numbers and bools as JSON text (floats in their shortest
+/// round-trip form, non-finite ones as `nan`, `inf`, `-inf`); arrays as
+/// JSON array text (non-finite floats inside as the strings "nan", ...).
+pub fn meta_string(v: &MetaValue) -> String {
+    match v {
+        MetaValue::String(s) => s.clone(),
+        MetaValue::F32(x) if !x.is_finite() => nonfinite(f64::from(*x)).to_string(),
+        MetaValue::F64(x) if !x.is_finite() => nonfinite(*x).to_string(),
+        other => {
+            let mut s = String::new();
+            json_text(other, &mut s);
+            s
+        }
+    }
+}
+
+fn nonfinite(x: f64) -> &'static str {
+    if x.is_nan() {
+        "nan"
+    } else if x > 0.0 {
+        "inf"
+    } else {
+        "-inf"
+    }
+}
+
+fn json_text(v: &MetaValue, out: &mut String) {
+    use std::fmt::Write as _;
+    // Writing to a String cannot fail.
+    let _ = match v {
+        MetaValue::String(s) => {
+            out.push_str(&json_str(s));
+            Ok(())
+        }
+        MetaValue::F32(x) if x.is_finite() => write!(out, "{x:?}"),
+        MetaValue::F64(x) if x.is_finite() => write!(out, "{x:?}"),
+        MetaValue::F32(x) => write!(out, "\"{}\"", nonfinite(f64::from(*x))),
+        MetaValue::F64(x) => write!(out, "\"{}\"", nonfinite(*x)),
+        MetaValue::Bool(b) => write!(out, "{b}"),
+        MetaValue::U8(x) => write!(out, "{x}"),
+        MetaValue::I8(x) => write!(out, "{x}"),
+        MetaValue::U16(x) => write!(out, "{x}"),
+        MetaValue::I16(x) => write!(out, "{x}"),
+        MetaValue::U32(x) => write!(out, "{x}"),
+        MetaValue::I32(x) => write!(out, "{x}"),
+        MetaValue::U64(x) => write!(out, "{x}"),
+        MetaValue::I64(x) => write!(out, "{x}"),
+        MetaValue::Array { values, .. } => {
+            out.push('[');
+            for (i, x) in values.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_text(x, out);
+            }
+            out.push(']');
+            Ok(())
+        }
+    };
+}
+
+/// A built view and what a reader should know about it.
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub layout: Layout,
+    pub notes: Vec<String>,
+}
+
+/// `model.safetensors` (or its F16/BF16 form): u64 LE header length N, N
+/// bytes of JSON padded with spaces to a multiple of 8 (as the reference
+/// implementation writes it, so the data starts 8-aligned), then every
+/// tensor's bytes, contiguous, in the given order. The JSON holds
+/// `__metadata__` (every key/value as a string, [`meta_string`]) and one
+/// entry per tensor: dtype, outer-first shape, `data_offsets` relative to
+/// the data.
+pub fn safetensors(tensors: &[ViewTensor], md: &Metadata, fmt: ElemFormat) -> Result<Built> {
+    let mut v = safetensors_all(tensors, md, &[fmt]);
+    v.pop()
+        .unwrap_or_else(|| Err(err(ErrorKind::BadValue, "no safetensors view built")))
+}
+
+/// [`safetensors`] in each of `fmts`, sharing the `__metadata__` text
+/// (for a 150k-token vocabulary it is megabytes of JSON).
+pub fn safetensors_all(
+    tensors: &[ViewTensor],
+    md: &Metadata,
+    fmts: &[ElemFormat],
+) -> Vec<Result<Built>> {
+    let full = metadata_json(md, false);
+    let mut summarized: Option<String> = None;
+    fmts.iter()
+        .map(|&fmt| match safetensors_with(tensors, &full, fmt) {
+            Err(e) if e.kind() == ErrorKind::TooLarge => {
+                let meta = summarized.get_or_insert_with(|| metadata_json(md, true));
+                let layout = safetensors_with(tensors, meta, fmt)?;
+                Ok(Built {
+                    layout,
+                    notes: vec![format!(
+                        "__metadata__ arrays longer than {SUMMARY_ARRAY_LIMIT} are summarized \
+                         (the full header would pass safetensors' {SAFETENSORS_MAX_HEADER}-byte \
+                         limit)"
+                    )],
+                })
+            }
+            other => other.map(|layout| Built {
+                layout,
+                notes: Vec::new(),
+            }),
+        })
+        .collect()
+}
+
+/// JSON text of a string (escaped and quoted).
+fn json_str(s: &str) -> String {
+    // Serializing a str cannot fail.
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// The `__metadata__` object as JSON text: every key/value as a string;
+/// with `summarize`, long arrays as a summary object's text.
+fn metadata_json(md: &Metadata, summarize: bool) -> String {
+    let mut out = String::from("{");
+    for (i, (k, v)) in md.entries.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let text = match v {
+            MetaValue::Array { elem, values } if summarize && values.len() > SUMMARY_ARRAY_LIMIT => {
+                json!({"type": "array", "elem_type": elem.name(), "len": values.len(), "omitted": true})
+                    .to_string()
+            }
+            _ => meta_string(v),
+        };
+        out.push_str(&json_str(k));
+        out.push(':');
+        out.push_str(&json_str(&text));
+    }
+    out.push('}');
+    out
+}
+
+fn safetensors_with(tensors: &[ViewTensor], meta_json: &str, fmt: ElemFormat) -> Result<Layout> {
+    use std::fmt::Write as _;
+    let mut json = String::with_capacity(meta_json.len() + 128 * tensors.len() + 32);
+    json.push_str("{\"__metadata__\":");
+    json.push_str(meta_json);
+    let mut names = std::collections::HashSet::with_capacity(tensors.len());
+    let mut spans = Vec::with_capacity(tensors.len());
+    let mut off = 0u64;
+    for t in tensors {
+        if t.name == "__metadata__" || !names.insert(t.name) {
+            return Err(err(
+                ErrorKind::BadName,
+                "a safetensors file cannot hold two tensors of one name, nor one named __metadata__",
+            )
+            .tensor(t.name));
+        }
+        let len = tensor_len(t, fmt)?;
+        let end = add(off, len, "safetensors data size")?;
+        let shape = t
+            .shape
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        // Writing to a String cannot fail.
+        let _ = write!(
+            json,
+            ",{}:{{\"dtype\":\"{}\",\"shape\":[{shape}],\"data_offsets\":[{off},{end}]}}",
+            json_str(t.name),
+            fmt.dtype()
+        );
+        spans.push((off, len));
+        off = end;
+    }
+    json.push('}');
+    // Spaces, as the reference writer pads: the data then starts 8-aligned.
+    let padded = json.len().next_multiple_of(8);
+    let n = padded as u64;
+    if n > SAFETENSORS_MAX_HEADER {
+        return Err(err(
+            ErrorKind::TooLarge,
+            format!(
+                "safetensors header of {n} bytes exceeds the {SAFETENSORS_MAX_HEADER}-byte limit"
+            ),
+        ));
+    }
+    let base = 8 + n;
+    // Every segment ends by `size`, so computing it first bounds them all.
+    let size = add(base, off, "safetensors size")?;
+    let mut header = Vec::with_capacity(padded + 8);
+    header.extend_from_slice(&n.to_le_bytes());
+    header.extend_from_slice(json.as_bytes());
+    header.resize(padded + 8, b' ');
+    let segments = tensors
+        .iter()
+        .zip(&spans)
+        .map(|(t, &(o, len))| Segment {
+            start: base + o,
+            len,
+            file: t.file,
+        })
+        .collect();
+    Layout::new(header, fmt, segments, size)
+}
+
+/// The key/values llama.cpp needs before it can load a model, missing from
+/// `md`: the architecture, its block count, embedding length and context
+/// length, and the tokenizer (model, and tokens unless it has none).
+pub fn gguf_missing_keys(md: &Metadata) -> Vec<String> {
+    let mut missing = Vec::new();
+    match md.architecture() {
+        Some(arch) => {
+            for k in ["block_count", "embedding_length", "context_length"] {
+                if md.arch_u64(k).is_none() {
+                    missing.push(format!("{arch}.{k}"));
+                }
+            }
+        }
+        None => missing.push("general.architecture".to_string()),
+    }
+    match md.get("tokenizer.ggml.model").and_then(MetaValue::as_str) {
+        Some("none" | "no_vocab") => {}
+        Some(_) => {
+            if !matches!(
+                md.get("tokenizer.ggml.tokens"),
+                Some(MetaValue::Array { .. })
+            ) {
+                missing.push("tokenizer.ggml.tokens".to_string());
+            }
+        }
+        None => missing.push("tokenizer.ggml.model".to_string()),
+    }
+    missing
+}
+
+/// What the served tensors lack for llama.cpp to build the model, as far as
+/// can be told without the architecture's tensor list: the token embedding,
+/// and tensors of every block `0..<arch>.block_count`. (A .rknot without
+/// its dense fallback carries only the layers it compresses.)
+pub fn gguf_missing_tensors(md: &Metadata, names: &[&str]) -> Vec<String> {
+    let mut missing = Vec::new();
+    if !names.contains(&"token_embd.weight") {
+        missing.push("token_embd.weight".to_string());
+    }
+    if let Some(blocks) = md.arch_u64("block_count") {
+        let present: std::collections::HashSet<u64> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix("blk.")?.split('.').next()?.parse().ok())
+            .filter(|&b| b < blocks)
+            .collect();
+        if (present.len() as u64) < blocks {
+            missing.push(format!(
+                "tensors of {} of the {blocks} blocks",
+                blocks - present.len() as u64
+            ));
+        }
+    }
+    missing
+}
+
+/// The view's key/values and alignment: the model's, with
+/// `general.file_type` set to 0 (ALL_F32: every tensor is F32 here) and
+/// `general.alignment` kept (as a u32) when it is valid, 32 when absent.
+pub fn gguf_metadata(md: &Metadata) -> Result<(Metadata, u64)> {
+    const FILE_TYPE: &str = "general.file_type";
+    let alignment = match md.get(ALIGNMENT_KEY) {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => {
+            let a = v.as_u64().ok_or_else(|| {
+                err(
+                    ErrorKind::BadValue,
+                    format!("{ALIGNMENT_KEY} = {} is not an integer", v.summary()),
+                )
+            })?;
+            gguf::check_alignment(a)?;
+            a
+        }
+    };
+    // check_alignment bounds it by MAX_ALIGNMENT, so it fits in a u32.
+    let alignment_u32 = u32::try_from(alignment).map_err(|_| {
+        err(
+            ErrorKind::BadValue,
+            format!("{ALIGNMENT_KEY} = {alignment}"),
+        )
+    })?;
+    let mut out = Metadata::default();
+    for (k, v) in &md.entries {
+        let v = match k.as_str() {
+            FILE_TYPE => MetaValue::U32(0),
+            ALIGNMENT_KEY => MetaValue::U32(alignment_u32),
+            _ => v.clone(),
+        };
+        out.push(k.clone(), v);
+    }
+    if md.get(FILE_TYPE).is_none() {
+        out.push(FILE_TYPE, MetaValue::U32(0));
+    }
+    Ok((out, alignment))
+}
+
+/// `model.gguf`: a GGUF v3 header from [`gguf::encode_header`] (the
+/// key/values of [`gguf_metadata`], every tensor as F32 with its dot name
+/// and ne-order dims), then each tensor's f32 bytes at its aligned offset,
+/// zeros between them and after the last up to the alignment (as
+/// [`gguf::write_gguf`] writes a file).
+pub fn gguf(tensors: &[ViewTensor], md: &Metadata) -> Result<Built> {
+    let (md, alignment) = gguf_metadata(md)?;
+    let mut infos = Vec::with_capacity(tensors.len());
+    let mut lens = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        lens.push(tensor_len(t, ElemFormat::F32)?);
+        let ne: Vec<u64> = t.shape.iter().rev().copied().collect();
+        infos.push((t.name.to_string(), ne, GgmlType::F32));
+    }
+    let (header, offsets) = gguf::encode_header(&md, &infos, alignment)?;
+    drop(md);
+    let base = header.len() as u64;
+    let mut segments = Vec::with_capacity(tensors.len());
+    let mut data_end = 0u64;
+    for ((t, &off), &len) in tensors.iter().zip(&offsets).zip(&lens) {
+        segments.push(Segment {
+            start: add(base, off, "gguf tensor offset")?,
+            len,
+            file: t.file,
+        });
+        data_end = add(off, len, "gguf data size")?;
+    }
+    let size = add(base, gguf::align_up(data_end, alignment)?, "gguf size")?;
+    Ok(Built {
+        layout: Layout::new(header, ElemFormat::F32, segments, size)?,
+        notes: vec![format!(
+            "general.file_type = 0 (all F32), alignment {alignment}"
+        )],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::meta::MetaType;
+    use serde_json::Value;
+
+    fn layout() -> Layout {
+        // header 10 bytes, tensor 0 at [16, 24), tensor 1 at [24, 36),
+        // gap to 40, tensor 2 at [40, 44), trailing zeros to 48.
+        Layout::new(
+            (0u8..10).collect(),
+            ElemFormat::F32,
+            vec![
+                Segment {
+                    start: 16,
+                    len: 8,
+                    file: 0,
+                },
+                Segment {
+                    start: 24,
+                    len: 12,
+                    file: 1,
+                },
+                Segment {
+                    start: 40,
+                    len: 4,
+                    file: 2,
+                },
+            ],
+            48,
+        )
+        .unwrap()
+    }
+
+    fn t(seg: usize, r: Range<u64>) -> Piece {
+        Piece::Tensor { seg, range: r }
+    }
+
+    #[test]
+    fn pieces_cover_header_gaps_and_segment_boundaries() {
+        let l = layout();
+        assert_eq!(l.pieces(0, 48).len(), 7);
+        assert_eq!(
+            l.pieces(0, 48),
+            vec![
+                Piece::Header(0..10),
+                Piece::Zeros(6),
+                t(0, 0..8),
+                t(1, 0..12),
+                Piece::Zeros(4),
+                t(2, 0..4),
+                Piece::Zeros(4),
+            ]
+        );
+        // Straddles header/padding/data.
+        assert_eq!(
+            l.pieces(8, 18),
+            vec![Piece::Header(8..10), Piece::Zeros(6), t(0, 0..2)]
+        );
+        // Straddles two tensors, unaligned at both ends.
+        assert_eq!(l.pieces(21, 27), vec![t(0, 5..8), t(1, 0..3)]);
+        // Inside one tensor.
+        assert_eq!(l.pieces(25, 26), vec![t(1, 1..2)]);
+        // Exactly one tensor.
+        assert_eq!(l.pieces(24, 36), vec![t(1, 0..12)]);
+        // Tail padding, clipped at EOF; past EOF is empty.
+        assert_eq!(l.pieces(43, 1000), vec![t(2, 3..4), Piece::Zeros(4)]);
+        assert_eq!(l.pieces(48, 60), vec![]);
+        assert_eq!(l.pieces(1000, 2000), vec![]);
+        assert_eq!(l.pieces(5, 5), vec![]);
+        // Every byte is accounted for exactly once, for every range.
+        for a in 0..50u64 {
+            for b in a..52u64 {
+                let n: u64 = l
+                    .pieces(a, b)
+                    .iter()
+                    .map(|p| match p {
+                        Piece::Header(r) => r.len() as u64,
+                        Piece::Zeros(n) => *n as u64,
+                        Piece::Tensor { range, .. } => range.end - range.start,
+                    })
+                    .sum();
+                assert_eq!(n, b.min(48).saturating_sub(a), "{a}..{b}");
+            }
+        }
+    }
+
+    #[test]
+    fn layouts_refuse_overlap_partial_elements_and_overrun() {
+        let seg = |start, len| Segment {
+            start,
+            len,
+            file: 0,
+        };
+        assert!(Layout::new(vec![0; 8], ElemFormat::F32, vec![seg(4, 4)], 16).is_err());
+        assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(0, 8), seg(4, 8)], 16).is_err());
+        assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(0, 6)], 16).is_err());
+        assert!(Layout::new(vec![], ElemFormat::F16, vec![seg(0, 6)], 16).is_ok());
+        assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(0, 8)], 4).is_err());
+        assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(u64::MAX, 4)], 4).is_err());
+    }
+
+    #[test]
+    fn read_ahead_follows_segments() {
+        let segs = vec![
+            Segment {
+                start: 100,
+                len: 40, // 10 elements: chunks of 4 -> 3 chunks
+                file: 7,
+            },
+            Segment {
+                start: 140,
+                len: 16, // 4 elements -> 1 chunk
+                file: 3,
+            },
+        ];
+        let ce = |_| 4;
+        assert_eq!(
+            chunks_after(&segs, 4, 0, 10, ce),
+            vec![(7, 0), (7, 1), (7, 2), (3, 0)]
+        );
+        // After byte 116 (end of chunk 0): chunk 1 onwards.
+        assert_eq!(chunks_after(&segs, 4, 116, 2, ce), vec![(7, 1), (7, 2)]);
+        // Mid-chunk 1: its chunk was just read, the next is 2.
+        assert_eq!(chunks_after(&segs, 4, 121, 5, ce), vec![(7, 2), (3, 0)]);
+        assert_eq!(chunks_after(&segs, 4, 140, 5, ce), vec![(3, 0)]);
+        assert_eq!(chunks_after(&segs, 4, 150, 5, ce), vec![]);
+        assert_eq!(chunks_after(&segs, 4, 0, 0, ce), vec![]);
+    }
+
+    #[test]
+    fn encoding_rounds_to_nearest_even_and_slices_bytes() {
+        let vals = [1.0f32, 65520.0, 1.0 + 1.0 / 2048.0, -0.0, 3.0e-8];
+        let mut out = Vec::new();
+        encode_into(ElemFormat::F16, &vals, 0, 10, &mut out);
+        let bits: Vec<u16> = out
+            .chunks(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        // 65520 rounds to inf; 1 + 2^-11 is a tie that goes to even (1.0).
+        assert_eq!(bits, vec![0x3c00, 0x7c00, 0x3c00, 0x8000, 0x0001]);
+        let mut out = Vec::new();
+        // 1 + 2^-8 is a bf16 tie -> 1.0; 1 + 3*2^-8 -> 1 + 2^-6 (even).
+        encode_into(
+            ElemFormat::Bf16,
+            &[1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0],
+            0,
+            4,
+            &mut out,
+        );
+        assert_eq!(out, vec![0x80, 0x3f, 0x82, 0x3f]);
+        // Unaligned byte windows, across batch boundaries.
+        let many: Vec<f32> = (0..5000).map(|i| i as f32 * 0.37).collect();
+        for fmt in ElemFormat::ALL {
+            let mut full = Vec::new();
+            encode_into(fmt, &many, 0, many.len() * fmt.bytes() as usize, &mut full);
+            for (skip, take) in [(1, 3), (4095, 4), (4097, 5000), (0, 1), (9999, 1)] {
+                let mut part = Vec::new();
+                encode_into(fmt, &many, skip, take, &mut part);
+                assert_eq!(part, &full[skip..(skip + take).min(full.len())], "{fmt:?}");
+            }
+        }
+    }
+
+    fn md() -> Metadata {
+        let mut md = Metadata::default();
+        md.push("general.architecture", MetaValue::String("llama".into()));
+        md.push("general.file_type", MetaValue::U32(15));
+        md.push("llama.block_count", MetaValue::U32(2));
+        md.push("llama.embedding_length", MetaValue::U32(4));
+        md.push("llama.context_length", MetaValue::U32(8));
+        md.push("llama.eps", MetaValue::F32(1e-5));
+        md.push("x.nan", MetaValue::F64(f64::NAN));
+        md.push("tokenizer.ggml.model", MetaValue::String("gpt2".into()));
+        md.push(
+            "tokenizer.ggml.tokens",
+            MetaValue::Array {
+                elem: MetaType::String,
+                values: vec![
+                    MetaValue::String("a\"".into()),
+                    MetaValue::String("b".into()),
+                ],
+            },
+        );
+        md
+    }
+
+    fn tensors() -> Vec<(usize, String, Vec<u64>)> {
+        vec![
+            (0, "token_embd.weight".into(), vec![3, 4]),
+            (1, "blk.0.attn_norm.weight".into(), vec![5]),
+            (2, "output.weight".into(), vec![2, 1, 3]),
+        ]
+    }
+
+    fn views(ts: &[(usize, String, Vec<u64>)]) -> Vec<ViewTensor<'_>> {
+        ts.iter()
+            .map(|(f, n, s)| ViewTensor {
+                file: *f,
+                name: n,
+                shape: s,
+                n_elements: s.iter().product(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn safetensors_header_follows_the_rules() {
+        let ts = tensors();
+        for fmt in ElemFormat::ALL {
+            let b = safetensors(&views(&ts), &md(), fmt).unwrap();
+            let l = &b.layout;
+            let h = l.header();
+            let n = u64::from_le_bytes(h[..8].try_into().unwrap());
+            assert_eq!(n as usize + 8, h.len());
+            assert_eq!(n % 8, 0, "padded to a multiple of 8");
+            assert_eq!(h[8], b'{');
+            let text = std::str::from_utf8(&h[8..]).unwrap();
+            assert_eq!(text.trim_end(), text.trim_end_matches(' '));
+            let v: Value = serde_json::from_str(text).unwrap();
+            let obj = v.as_object().unwrap();
+            let keys: Vec<&String> = obj.keys().collect();
+            assert_eq!(
+                keys,
+                [
+                    "__metadata__",
+                    "token_embd.weight",
+                    "blk.0.attn_norm.weight",
+                    "output.weight"
+                ]
+            );
+            let meta = &obj["__metadata__"];
+            assert_eq!(meta["llama.block_count"], "2");
+            assert_eq!(meta["llama.eps"], "1e-5");
+            assert_eq!(meta["x.nan"], "nan");
+            assert_eq!(meta["general.file_type"], "15");
+            assert_eq!(meta["tokenizer.ggml.tokens"], r#"["a\"","b"]"#);
+            // Contiguous, in order, sized by dtype, ending at the file's end.
+            let mut off = 0;
+            for ((_, name, shape), seg) in ts.iter().zip(l.segments()) {
+                let e = &obj[name.as_str()];
+                assert_eq!(e["dtype"], fmt.dtype());
+                assert_eq!(e["shape"], json!(shape));
+                let n_el: u64 = shape.iter().product();
+                assert_eq!(e["data_offsets"], json!([off, off + n_el * fmt.bytes()]));
+                assert_eq!(seg.start, 8 + n + off);
+                off += n_el * fmt.bytes();
+            }
+            assert_eq!(l.size(), 8 + n + off);
+        }
+        // Duplicate names and a tensor called __metadata__ are refused.
+        let mut dup = tensors();
+        dup.push((3, "output.weight".into(), vec![1]));
+        assert!(safetensors(&views(&dup), &md(), ElemFormat::F32).is_err());
+        let meta_named = vec![(0, "__metadata__".to_string(), vec![1])];
+        assert!(safetensors(&views(&meta_named), &md(), ElemFormat::F32).is_err());
+    }
+
+    #[test]
+    fn gguf_view_is_what_write_gguf_writes() {
+        let ts = tensors();
+        let b = gguf(&views(&ts), &md()).unwrap();
+        let (vmd, al) = gguf_metadata(&md()).unwrap();
+        assert_eq!(al, 32);
+        assert_eq!(vmd.get("general.file_type"), Some(&MetaValue::U32(0)));
+        // Data: element i of file f is f * 100 + i.
+        let data: Vec<Vec<u8>> = ts
+            .iter()
+            .map(|(f, _, s)| {
+                let n: u64 = s.iter().product();
+                (0..n)
+                    .flat_map(|i| ((*f as f32) * 100.0 + i as f32).to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let with_data: Vec<(String, Vec<u64>, GgmlType, &[u8])> = ts
+            .iter()
+            .zip(&data)
+            .map(|((_, n, s), d)| {
+                (
+                    n.clone(),
+                    s.iter().rev().copied().collect(),
+                    GgmlType::F32,
+                    &d[..],
+                )
+            })
+            .collect();
+        let mut want = Vec::new();
+        gguf::write_gguf(&mut want, &vmd, &with_data, al).unwrap();
+        let l = &b.layout;
+        assert_eq!(l.size(), want.len() as u64);
+        let mut got = Vec::new();
+        for p in l.pieces(0, l.size()) {
+            match p {
+                Piece::Header(r) => got.extend_from_slice(&l.header()[r]),
+                Piece::Zeros(n) => got.resize(got.len() + n, 0),
+                Piece::Tensor { seg, range } => {
+                    let d = &data[l.segments()[seg].file];
+                    got.extend_from_slice(&d[range.start as usize..range.end as usize]);
+                }
+            }
+        }
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn gguf_needs_run_metadata_and_a_valid_alignment() {
+        assert!(gguf_missing_keys(&md()).is_empty());
+        let missing = gguf_missing_keys(&Metadata::default());
+        assert_eq!(missing, ["general.architecture", "tokenizer.ggml.model"]);
+        let mut m = md();
+        m.entries
+            .retain(|(k, _)| k != "llama.block_count" && k != "tokenizer.ggml.tokens");
+        assert_eq!(
+            gguf_missing_keys(&m),
+            ["llama.block_count", "tokenizer.ggml.tokens"]
+        );
+        let mut m = md();
+        m.push(ALIGNMENT_KEY, MetaValue::U64(64));
+        let (vmd, al) = gguf_metadata(&m).unwrap();
+        assert_eq!(
+            (al, vmd.get(ALIGNMENT_KEY)),
+            (64, Some(&MetaValue::U32(64)))
+        );
+        let mut m = md();
+        m.push(ALIGNMENT_KEY, MetaValue::U32(48));
+        assert!(gguf_metadata(&m).is_err());
+        let mut m = md();
+        m.entries.retain(|(k, _)| k != "general.file_type");
+        let (vmd, _) = gguf_metadata(&m).unwrap();
+        assert_eq!(vmd.entries.last().unwrap().0, "general.file_type");
+    }
+
+    #[test]
+    fn gguf_needs_the_embedding_and_every_block() {
+        let m = md();
+        let all = [
+            "token_embd.weight",
+            "blk.0.attn_q.weight",
+            "blk.1.ffn_up.weight",
+        ];
+        assert!(gguf_missing_tensors(&m, &all).is_empty());
+        assert_eq!(
+            gguf_missing_tensors(&m, &["blk.0.attn_q.weight", "blk.7.x.weight"]),
+            ["token_embd.weight", "tensors of 1 of the 2 blocks"]
+        );
+    }
+
+    #[test]
+    fn view_lists_parse() {
+        assert_eq!(ViewSet::parse("f32").unwrap(), ViewSet::default());
+        assert_eq!(
+            ViewSet::parse("f32,f16, bf16").unwrap(),
+            ViewSet {
+                f16: true,
+                bf16: true
+            }
+        );
+        assert_eq!(ViewSet::parse("bf16+f32").unwrap().names(), "f32,bf16");
+        assert!(ViewSet::parse("f32,f64").unwrap_err().contains("\"f64\""));
+        assert_eq!(ViewSet::parse("").unwrap(), ViewSet::default());
+    }
+}
