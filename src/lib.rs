@@ -11,14 +11,18 @@
 pub mod backend;
 pub mod bench;
 pub mod cache;
+pub mod encode;
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod jobs;
 pub mod mount;
 pub mod names;
+pub mod probe;
 pub mod quant;
 pub mod report;
 pub mod source;
 pub mod synth;
+pub mod verify;
 
 pub use error::{Error, ErrorKind, Result};

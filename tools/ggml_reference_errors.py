@@ -10,7 +10,7 @@ Frobenius errors per tensor, per tensor kind and overall go to
 tests/data/quality/ggml_reference_errors.json; docs/QUALITY.md compares the
 encoders against them.
 
-Run:  python3 tools/ggml_reference_errors.py [MODEL.gguf]
+Run:  python3 tools/ggml_reference_errors.py [MODEL.gguf [OUT.json]]
 Needs: gcc, numpy, gguf (pip install gguf==0.19.0 numpy), network access to
 PyPI once (the sdist of llama-cpp-python==0.3.36 is cached in
 ~/.cache/rknot/).
@@ -135,7 +135,7 @@ def main():
                     for name in TYPES},
         "tensors": per_tensor,
     }
-    path = os.path.join(ROOT, "tests", "data", "quality", "ggml_reference_errors.json")
+    path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "tests", "data", "quality", "ggml_reference_errors.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

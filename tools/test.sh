@@ -28,7 +28,9 @@ if [ -n "$missing" ]; then
   fi
 fi
 tools/fetch-smollm2.sh
-python3 -m pip install --quiet --disable-pip-version-check 'numpy>=1.26' 'safetensors>=0.4' 'gguf==0.19.0' 2>&1 | grep -v "Running pip as the 'root' user" || true
+# (a failing pip install fails the run: the Python checks need these)
+python3 -m pip install --quiet --disable-pip-version-check 'numpy>=1.26' 'safetensors>=0.4' 'gguf==0.19.0' 2>&1 \
+  | { grep -v "Running pip as the 'root' user" || true; }
 
 export RKNOT_REQUIRE_MODEL=1
 export CARGO_TERM_COLOR=never

@@ -48,10 +48,106 @@ enum Cmd {
         #[arg(long)]
         length: Option<u64>,
     },
+    /// Encode a dense model (GGUF or dense .knot) into SK32, .rknot or
+    /// dense .knot. Writes a temporary file next to the output, then
+    /// renames it: a failed or killed encoding leaves nothing at OUT.
+    Encode {
+        #[command(subcommand)]
+        what: EncodeCmd,
+    },
+    /// Check an encoded file's structure (every offset, table and block);
+    /// with --dense, also its fidelity per tensor. Exits 1 on any fault.
+    Verify {
+        /// Encoded file (.rknot, SK32, dense .knot or GGUF).
+        encoded: PathBuf,
+        /// The dense model it was encoded from.
+        #[arg(long)]
+        dense: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the model in fp32 over the tensors served (file, layered file
+    /// or mounted directory): top-K next tokens, greedy generation,
+    /// perplexity, and agreement with a reference (--compare).
+    Probe(rknot::probe::ProbeArgs),
     /// Benchmarks (numbers and ratios measured in one run).
     Bench {
         #[command(subcommand)]
         what: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum EncodeCmd {
+    /// Every block matrix as a truncated-SVD sketch (never token_embd/output).
+    Sk32 {
+        /// Dense source (GGUF or dense .knot).
+        dense: PathBuf,
+        #[arg(short, long)]
+        out: PathBuf,
+        /// Rank of every sketch (clamped to the matrix's smaller dimension).
+        #[arg(long, default_value_t = 64)]
+        rank: usize,
+        /// Instead of a fixed rank: the smallest rank keeping this fraction
+        /// of each matrix's energy.
+        #[arg(long)]
+        energy: Option<f64>,
+        /// Only tensors matching this glob (dot or underscore names).
+        #[arg(long)]
+        tensors: Option<String>,
+        /// Balance σ into U and V before quantizing (measured worse; for comparison).
+        #[arg(long)]
+        balance: bool,
+        /// Max-abs scales instead of the clipping search.
+        #[arg(long)]
+        no_clip: bool,
+        /// Keep Vᵀ from the SVD instead of refitting it to the quantized U and σ.
+        #[arg(long)]
+        no_refit: bool,
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Spectral-residual .rknot of the attention and FFN matrices.
+    Rknot {
+        dense: PathBuf,
+        #[arg(short, long)]
+        out: PathBuf,
+        /// Fraction of hidden dimensions that stand (seed profile).
+        #[arg(long, default_value_t = 0.30)]
+        coverage: f64,
+        #[arg(long, default_value_t = 4)]
+        bits_qk: u8,
+        #[arg(long, default_value_t = 8)]
+        bits_v: u8,
+        #[arg(long, default_value_t = 4)]
+        bits_ffn: u8,
+        /// Graded widths: base + round(extra_bits × phase_alignment).
+        #[arg(long)]
+        graded: bool,
+        #[arg(long, default_value_t = 2)]
+        extra_bits: u8,
+        /// seed (drop off-standing dimensions) or faithful (keep every
+        /// dimension, widths by measured sensitivity).
+        #[arg(long, default_value = "seed")]
+        profile: String,
+        /// Faithful profile: bits per weight per tensor, block overhead included.
+        #[arg(long, default_value_t = 5.0)]
+        target_bpw: f64,
+        /// Values per block along a line (faithful and graded).
+        #[arg(long, default_value_t = 256)]
+        block: u64,
+        #[arg(long)]
+        tensors: Option<String>,
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// GGUF -> dense .knot repack (ggml blocks verbatim).
+    Knot {
+        gguf: PathBuf,
+        #[arg(short, long)]
+        out: PathBuf,
+        #[arg(long)]
+        overwrite: bool,
     },
 }
 
@@ -109,6 +205,28 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let b = backend::open(&file, dense.as_deref())?;
             cat(b.as_ref(), &tensor, offset, length)
         }
+        Cmd::Encode { what } => encode(what),
+        Cmd::Verify {
+            encoded,
+            dense,
+            json,
+        } => {
+            let r = rknot::verify::verify(&encoded, dense.as_deref())?;
+            let text = if json {
+                let mut s = serde_json::to_string_pretty(&r.to_json())?;
+                s.push('\n');
+                s
+            } else {
+                r.to_text()
+            };
+            write_stdout(text.as_bytes())?;
+            if r.faults.is_empty() {
+                Ok(())
+            } else {
+                Err(Box::new(rknot::verify::faults_error(&r)))
+            }
+        }
+        Cmd::Probe(a) => rknot::probe::run(a),
         Cmd::Bench {
             what:
                 BenchCmd::Mount {
@@ -131,6 +249,101 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             write_stdout(report.as_bytes())
         }
     }
+}
+
+fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
+    use rknot::encode::{self, Progress};
+    let progress = Progress::for_cli();
+    let t0 = std::time::Instant::now();
+    let (out, summary) = match what {
+        EncodeCmd::Sk32 {
+            dense,
+            out,
+            rank,
+            energy,
+            tensors,
+            balance,
+            no_clip,
+            no_refit,
+            overwrite,
+        } => {
+            let b = backend::open(&dense, None)?;
+            let o = encode::sk32::Sk32Options {
+                rank: Some(rank),
+                energy,
+                tensors,
+                balance,
+                clip_search: !no_clip,
+                refit: !no_refit,
+                ..Default::default()
+            };
+            let entries = encode::sk32::encode_sk32(b.as_ref(), &out, overwrite, &o, &progress)?;
+            let mean_rank =
+                entries.iter().map(|e| e.rank as f64).sum::<f64>() / entries.len().max(1) as f64;
+            (
+                out,
+                format!("{} sketches, mean rank {mean_rank:.1}", entries.len()),
+            )
+        }
+        EncodeCmd::Rknot {
+            dense,
+            out,
+            coverage,
+            bits_qk,
+            bits_v,
+            bits_ffn,
+            graded,
+            extra_bits,
+            profile,
+            target_bpw,
+            block,
+            tensors,
+            overwrite,
+        } => {
+            let b = backend::open(&dense, None)?;
+            let profile = encode::rknot::Profile::parse(&profile)
+                .ok_or_else(|| format!("unknown profile {profile:?} (seed, faithful)"))?;
+            let o = encode::rknot::RknotOptions {
+                profile,
+                coverage,
+                bits_qk,
+                bits_v,
+                bits_ffn,
+                graded,
+                extra_bits,
+                target_bpw,
+                block,
+                tensors,
+                ..Default::default()
+            };
+            let entries = encode::rknot::encode_rknot(b.as_ref(), &out, overwrite, &o, &progress)?;
+            let bits: f64 = entries.iter().map(|e| e.stored_bytes as f64 * 8.0).sum();
+            let n: f64 = entries.iter().map(|e| e.n_elements as f64).sum();
+            (
+                out,
+                format!(
+                    "{} tensors, {:.3} bits per weight",
+                    entries.len(),
+                    bits / n.max(1.0)
+                ),
+            )
+        }
+        EncodeCmd::Knot {
+            gguf,
+            out,
+            overwrite,
+        } => {
+            encode::knot::encode_knot(&gguf, &out, overwrite, &progress)?;
+            (out, "dense .knot".to_string())
+        }
+    };
+    let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "rknot: wrote {} ({size} bytes; {summary}) in {:.1} s",
+        out.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// Stream the byte range in chunks so a large tensor never sits in memory.
