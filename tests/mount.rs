@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use common::mount::{Mounted, fuse_available, is_mounted, mount_bin};
 use common::*;
 use rknot::backend::{self, Backend, Role};
-use rknot::format::sk32::{Sketch, write_sk32};
 
 fn demo(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -173,39 +172,7 @@ fn sk32_over_gguf_fallback() {
     }
     let dense = backend::open_single(&model, Role::Fallback).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut sketches = Vec::new();
-    for name in [
-        "blk.0.attn_q.weight",
-        "blk.0.attn_output.weight",
-        "blk.4.ffn_up.weight",
-        "token_embd.weight",
-    ] {
-        let i = dense.find(name).unwrap();
-        let t = &dense.tensors().entries()[i];
-        let (d_out, d_in) = (t.shape[0] as usize, t.shape[1] as usize);
-        let mut w = vec![0f32; d_out * d_in];
-        dense.read_f32(i, 0, &mut w).unwrap();
-        let r = 8;
-        let u: Vec<f32> = (0..d_out)
-            .flat_map(|row| w[row * d_in..row * d_in + r].to_vec())
-            .collect();
-        let mut vt = vec![0f32; r * d_in];
-        for k in 0..r {
-            vt[k * d_in + k] = 1.0;
-        }
-        sketches.push(Sketch::quantize(
-            &name.replace("attn_output", "attn_o"),
-            d_out,
-            d_in,
-            &u,
-            &vec![1.0; r],
-            &vt,
-        ));
-    }
-    let sk = dir.path().join("smol.sk32");
-    let mut bytes = Vec::new();
-    write_sk32(&mut bytes, "test", &sketches).unwrap();
-    std::fs::write(&sk, bytes).unwrap();
+    let sk = smollm2_sketch(&model, dir.path());
 
     let layered = backend::open(&sk, Some(&model)).unwrap();
     let m = Mounted::new(&sk, &["--dense", model.to_str().unwrap()]);

@@ -2,8 +2,8 @@
 
 use crate::backend::scratch;
 use crate::backend::{
-    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
-    origin,
+    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
+    entry_for_read, origin,
 };
 use crate::error::{ErrorKind, Result, err};
 use crate::format::FileFormat;
@@ -28,31 +28,15 @@ pub struct DenseBackend {
 
 impl DenseBackend {
     pub fn from_gguf(src: SourceFile, g: GgufFile, role: Role) -> Result<Self> {
-        let org = origin(role, FileFormat::Gguf, src.path());
-        let mut table = TensorTable::default();
-        let mut extents = Vec::with_capacity(g.tensors.len());
-        for t in &g.tensors {
-            let name = TensorName::from_stored(&t.name).map_err(|e| e.path(src.path()))?;
+        let stored = g.tensors.iter().map(|t| StoredTensor {
+            name: &t.name,
             // GGUF dims are ne-order (ne0 fastest); served outer-first.
-            let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
-            let info = TensorInfo {
-                name,
-                shape,
-                n_elements: t.n_elements,
-                stored: StoredType::Ggml(t.ty),
-                stored_bytes: t.n_bytes,
-                origin: org.clone(),
-                availability: availability(t.ty),
-                granule: t.ty.block_elems(),
-            };
-            table
-                .push(info, &t.name)
-                .map_err(|e| e.path(src.path()).at(t.offset))?;
-            extents.push(Extent {
-                ty: t.ty,
-                offset: t.offset,
-            });
-        }
+            shape: t.dims.iter().rev().copied().collect(),
+            n_elements: t.n_elements,
+            ty: t.ty,
+            bytes: t.n_bytes,
+            offset: t.offset,
+        });
         let summary = SourceSummary {
             format: FileFormat::Gguf,
             version: g.version,
@@ -63,38 +47,18 @@ impl DenseBackend {
             )],
             metadata: g.metadata,
         };
-        Ok(DenseBackend {
-            src,
-            summary,
-            table,
-            extents,
-        })
+        Self::build(src, summary, role, stored)
     }
 
     pub fn from_knot(src: SourceFile, k: DenseKnotFile, role: Role) -> Result<Self> {
-        let org = origin(role, FileFormat::DenseKnot, src.path());
-        let mut table = TensorTable::default();
-        let mut extents = Vec::with_capacity(k.tensors.len());
-        for t in &k.tensors {
-            let name = TensorName::from_stored(&t.name).map_err(|e| e.path(src.path()))?;
-            let info = TensorInfo {
-                name,
-                shape: t.shape.clone(),
-                n_elements: t.n_elements,
-                stored: StoredType::Ggml(t.ty),
-                stored_bytes: t.length,
-                origin: org.clone(),
-                availability: availability(t.ty),
-                granule: t.ty.block_elems(),
-            };
-            table
-                .push(info, &t.name)
-                .map_err(|e| e.path(src.path()).at(t.offset))?;
-            extents.push(Extent {
-                ty: t.ty,
-                offset: t.offset,
-            });
-        }
+        let stored = k.tensors.iter().map(|t| StoredTensor {
+            name: &t.name,
+            shape: t.shape.clone(),
+            n_elements: t.n_elements,
+            ty: t.ty,
+            bytes: t.length,
+            offset: t.offset,
+        });
         let summary = SourceSummary {
             format: FileFormat::DenseKnot,
             version: 1,
@@ -102,6 +66,39 @@ impl DenseBackend {
             notes: vec![format!("payload at byte {}", k.payload_base)],
             metadata: k.metadata,
         };
+        Self::build(src, summary, role, stored)
+    }
+
+    /// The table and extents for tensors already validated by a format reader.
+    fn build<'a>(
+        src: SourceFile,
+        summary: SourceSummary,
+        role: Role,
+        stored: impl ExactSizeIterator<Item = StoredTensor<'a>>,
+    ) -> Result<Self> {
+        let org = origin(role, summary.format, src.path());
+        let mut table = TensorTable::default();
+        let mut extents = Vec::with_capacity(stored.len());
+        for t in stored {
+            let name = TensorName::from_stored(t.name).map_err(|e| e.path(src.path()))?;
+            let info = TensorInfo {
+                name,
+                shape: t.shape,
+                n_elements: t.n_elements,
+                stored: StoredType::Ggml(t.ty),
+                stored_bytes: t.bytes,
+                origin: org.clone(),
+                availability: availability(t.ty),
+                granule: t.ty.block_elems(),
+            };
+            table
+                .push(info, t.name)
+                .map_err(|e| e.path(src.path()).at(t.offset))?;
+            extents.push(Extent {
+                ty: t.ty,
+                offset: t.offset,
+            });
+        }
         Ok(DenseBackend {
             src,
             summary,
@@ -109,6 +106,17 @@ impl DenseBackend {
             extents,
         })
     }
+}
+
+/// One tensor as a dense reader found it, in the served (outer-first) shape.
+struct StoredTensor<'a> {
+    name: &'a str,
+    shape: Vec<u64>,
+    n_elements: u64,
+    ty: GgmlType,
+    bytes: u64,
+    /// Absolute offset of the first block.
+    offset: u64,
 }
 
 fn availability(ty: GgmlType) -> Availability {
@@ -129,16 +137,7 @@ impl Backend for DenseBackend {
     }
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
-        let (info, ext) = match (self.table.info(index), self.extents.get(index)) {
-            (Some(i), Some(e)) => (i, e),
-            _ => {
-                return Err(err(
-                    ErrorKind::NotFound,
-                    format!("no tensor with index {index}"),
-                ));
-            }
-        };
-        check_read(info, first_elem, out.len())?;
+        let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
         if out.is_empty() {
             return Ok(());
         }

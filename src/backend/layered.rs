@@ -134,10 +134,7 @@ impl Backend for LayeredBackend {
                 let info = &self.table.entries()[index];
                 super::check_read(info, first_elem, out.len())
             }
-            None => Err(err(
-                ErrorKind::NotFound,
-                format!("no tensor with index {index}"),
-            )),
+            None => Err(super::no_such_index(index)),
         }
     }
 }

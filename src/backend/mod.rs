@@ -210,7 +210,7 @@ impl dyn Backend + '_ {
         let info = self
             .tensors()
             .info(index)
-            .ok_or_else(|| err(ErrorKind::NotFound, format!("no tensor with index {index}")))?;
+            .ok_or_else(|| no_such_index(index))?;
         let size = info.served_bytes();
         if byte_offset >= size || buf.is_empty() {
             return Ok(0);
@@ -234,6 +234,30 @@ impl dyn Backend + '_ {
             }
         }
         Ok(n)
+    }
+}
+
+/// The error for a tensor index a backend does not have.
+pub(crate) fn no_such_index(index: usize) -> crate::Error {
+    err(ErrorKind::NotFound, format!("no tensor with index {index}"))
+}
+
+/// Tensor `index`'s table entry together with the backend's own record for
+/// it (both are indexed alike), after checking `[first, first + n)` against
+/// the tensor's size and availability.
+pub(crate) fn entry_for_read<'a, T>(
+    table: &'a TensorTable,
+    records: &'a [T],
+    index: usize,
+    first: u64,
+    n: usize,
+) -> Result<(&'a TensorInfo, &'a T)> {
+    match (table.info(index), records.get(index)) {
+        (Some(info), Some(record)) => {
+            check_read(info, first, n)?;
+            Ok((info, record))
+        }
+        _ => Err(no_such_index(index)),
     }
 }
 

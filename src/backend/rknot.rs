@@ -3,10 +3,10 @@
 
 use crate::backend::scratch;
 use crate::backend::{
-    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
-    origin,
+    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
+    entry_for_read, origin,
 };
-use crate::error::{ErrorKind, Result, err};
+use crate::error::Result;
 use crate::format::FileFormat;
 use crate::format::rknot::{BlockMode, Manifest, RknotFile, RknotTensorInfo, decode_block};
 use crate::names::TensorName;
@@ -114,16 +114,13 @@ impl Backend for RknotBackend {
     }
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
-        let (info, t) = match (self.table.info(index), self.file.tensors.get(index)) {
-            (Some(i), Some(t)) => (i, t),
-            _ => {
-                return Err(err(
-                    ErrorKind::NotFound,
-                    format!("no tensor with index {index}"),
-                ));
-            }
-        };
-        check_read(info, first_elem, out.len())?;
+        let (_, t) = entry_for_read(
+            &self.table,
+            &self.file.tensors,
+            index,
+            first_elem,
+            out.len(),
+        )?;
         out.fill(0.0);
         if out.is_empty() {
             return Ok(());

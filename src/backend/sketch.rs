@@ -1,10 +1,10 @@
 //! SK32 backend: rows of W = U·diag(σ)·Vᵀ computed on demand.
 
 use crate::backend::{
-    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable, check_read,
-    origin,
+    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
+    entry_for_read, origin,
 };
-use crate::error::{ErrorKind, Result, err};
+use crate::error::Result;
 use crate::format::FileFormat;
 use crate::format::meta::Metadata;
 use crate::format::sk32::{Sk32File, SketchInfo, dequant_sigma, dequant_uv};
@@ -72,16 +72,7 @@ impl Backend for SketchBackend {
     }
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
-        let (info, s) = match (self.table.info(index), self.sketches.get(index)) {
-            (Some(i), Some(s)) => (i, s),
-            _ => {
-                return Err(err(
-                    ErrorKind::NotFound,
-                    format!("no tensor with index {index}"),
-                ));
-            }
-        };
-        check_read(info, first_elem, out.len())?;
+        let (info, s) = entry_for_read(&self.table, &self.sketches, index, first_elem, out.len())?;
         if out.is_empty() {
             return Ok(());
         }

@@ -76,3 +76,43 @@ pub fn rknot_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rknot"))
 }
 pub mod mount;
+
+/// An SK32 with rank-8 sketches of a few SmolLM2 matrices (token_embd
+/// included: the layered backend must serve it from the fallback).
+pub fn smollm2_sketch(model: &std::path::Path, dir: &std::path::Path) -> PathBuf {
+    let dense = rknot::backend::open_single(model, rknot::backend::Role::Fallback).unwrap();
+    let mut sketches = Vec::new();
+    for name in [
+        "blk.0.attn_q.weight",
+        "blk.0.attn_output.weight",
+        "blk.4.ffn_up.weight",
+        "token_embd.weight",
+    ] {
+        let i = dense.find(name).unwrap();
+        let t = &dense.tensors().entries()[i];
+        let (d_out, d_in) = (t.shape[0] as usize, t.shape[1] as usize);
+        let mut w = vec![0f32; d_out * d_in];
+        dense.read_f32(i, 0, &mut w).unwrap();
+        let r = 8;
+        let u: Vec<f32> = (0..d_out)
+            .flat_map(|row| w[row * d_in..row * d_in + r].to_vec())
+            .collect();
+        let mut vt = vec![0f32; r * d_in];
+        for k in 0..r {
+            vt[k * d_in + k] = 1.0;
+        }
+        sketches.push(rknot::format::sk32::Sketch::quantize(
+            &name.replace("attn_output", "attn_o"),
+            d_out,
+            d_in,
+            &u,
+            &vec![1.0; r],
+            &vt,
+        ));
+    }
+    let sk = dir.join("smol.sk32");
+    let mut bytes = Vec::new();
+    rknot::format::sk32::write_sk32(&mut bytes, "test", &sketches).unwrap();
+    std::fs::write(&sk, bytes).unwrap();
+    sk
+}
