@@ -78,14 +78,17 @@ fn buf_bytes(v: &Vec<f32>) -> u64 {
 
 impl State {
     /// Keep an evicted chunk's buffer for reuse if nobody else holds it and
-    /// the budget has room for it.
-    fn recycle(&mut self, c: Chunk, capacity: u64) {
-        if let Ok(v) = Arc::try_unwrap(c) {
-            let b = buf_bytes(&v);
-            if self.pool_bytes + b <= self.pool_limit(capacity) {
-                self.pool_bytes += b;
+    /// the budget has room for it. Whatever is not kept is pushed to
+    /// `freed`, for the caller to drop after releasing the lock (freeing a
+    /// 1 MiB buffer is a munmap every reader would wait for).
+    fn recycle(&mut self, c: Chunk, capacity: u64, freed: &mut Vec<Chunk>) {
+        match Arc::try_unwrap(c) {
+            Ok(v) if self.pool_bytes + buf_bytes(&v) <= self.pool_limit(capacity) => {
+                self.pool_bytes += buf_bytes(&v);
                 self.pool.push(v);
             }
+            Ok(v) => freed.push(Arc::new(v)),
+            Err(shared) => freed.push(shared),
         }
     }
 
@@ -95,26 +98,22 @@ impl State {
         POOL_RESERVE.max(capacity.saturating_sub(self.bytes_used))
     }
 
-    /// A buffer of exactly `len` values, recycled when one is available.
-    /// Its contents are unspecified; the decoder overwrites all of it.
-    fn buffer(&mut self, len: usize) -> Vec<f32> {
-        match self.pool.iter().position(|b| b.capacity() >= len) {
-            Some(i) => {
-                let mut b = self.pool.swap_remove(i);
-                self.pool_bytes -= buf_bytes(&b);
-                b.resize(len, 0.0);
-                b.truncate(len);
-                b
-            }
-            None => vec![0f32; len],
-        }
+    /// A pooled buffer that can hold `len` values, if there is one.
+    fn pooled_buffer(&mut self, len: usize) -> Option<Vec<f32>> {
+        let i = self.pool.iter().position(|b| b.capacity() >= len)?;
+        let b = self.pool.swap_remove(i);
+        self.pool_bytes -= buf_bytes(&b);
+        Some(b)
     }
 
     /// Drop pooled buffers until cache + pool fit the capacity.
-    fn trim_pool(&mut self, capacity: u64) {
+    fn trim_pool(&mut self, capacity: u64, freed: &mut Vec<Chunk>) {
         while self.pool_bytes > self.pool_limit(capacity) {
             match self.pool.pop() {
-                Some(b) => self.pool_bytes -= buf_bytes(&b),
+                Some(b) => {
+                    self.pool_bytes -= buf_bytes(&b);
+                    freed.push(Arc::new(b));
+                }
                 None => break,
             }
         }
@@ -136,9 +135,11 @@ fn chunk_bytes(c: &Chunk) -> u64 {
     c.len() as u64 * 4
 }
 
-/// A poisoned lock means a thread panicked while holding it; the map is
-/// still consistent (every mutation is a single call), so keep going.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Lock a mutex whose data stays consistent even if a holder panicked.
+/// Every lock in the daemon guards state that each mutation leaves whole
+/// (a map insert, a counter), so a poisoned lock is used as is rather than
+/// taking the daemon down.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -162,10 +163,6 @@ impl BlockCache {
         }
     }
 
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
     /// Whether a chunk is cached or being decoded (for the prefetcher).
     pub fn is_present(&self, key: ChunkKey) -> bool {
         let s = lock(&self.state);
@@ -180,7 +177,7 @@ impl BlockCache {
         len: usize,
         decode: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<Chunk> {
-        let (slot, mut buf) = {
+        let (slot, pooled) = {
             let mut s = lock(&self.state);
             if let Some(c) = s.lru.get(&key) {
                 self.hits.fetch_add(1, Ordering::Relaxed);
@@ -198,9 +195,12 @@ impl BlockCache {
                 cv: Condvar::new(),
             });
             s.in_flight.insert(key, slot.clone());
-            let buf = s.buffer(len);
-            (slot, buf)
+            (slot, s.pooled_buffer(len))
         };
+        // Sized outside the lock: a fresh buffer is an mmap plus page faults.
+        // Its contents are unspecified; the decoder overwrites all of it.
+        let mut buf = pooled.unwrap_or_default();
+        buf.resize(len, 0.0);
 
         // Decode outside the lock. A panic in `decode` must still release
         // the waiters, so catch it and turn it into an error.
@@ -223,6 +223,7 @@ impl BlockCache {
                 Err((e.kind(), e.to_string()))
             }
         };
+        let mut freed = Vec::new();
         {
             let mut s = lock(&self.state);
             s.in_flight.remove(&key);
@@ -238,15 +239,16 @@ impl BlockCache {
                             Some((_, old)) => {
                                 s.bytes_used -= chunk_bytes(&old);
                                 self.evictions.fetch_add(1, Ordering::Relaxed);
-                                s.recycle(old, self.capacity);
+                                s.recycle(old, self.capacity, &mut freed);
                             }
                             None => break,
                         }
                     }
-                    s.trim_pool(self.capacity);
+                    s.trim_pool(self.capacity, &mut freed);
                 }
             }
         }
+        drop(freed);
         *lock(&slot.done) = Some(outcome.clone());
         slot.cv.notify_all();
         outcome.map_err(|(kind, msg)| Error::new(kind, msg))
@@ -264,16 +266,15 @@ impl BlockCache {
 
     /// Drop every cached chunk (in-flight decodes finish normally).
     pub fn clear(&self) {
+        let mut freed = Vec::new();
         let mut s = lock(&self.state);
         let n = s.lru.len() as u64;
-        let mut chunks = Vec::with_capacity(s.lru.len());
-        while let Some((_, c)) = s.lru.pop_lru() {
-            chunks.push(c);
-        }
         s.bytes_used = 0;
-        for c in chunks {
-            s.recycle(c, self.capacity);
+        while let Some((_, c)) = s.lru.pop_lru() {
+            s.recycle(c, self.capacity, &mut freed);
         }
+        drop(s);
+        drop(freed);
         self.evictions.fetch_add(n, Ordering::Relaxed);
     }
 

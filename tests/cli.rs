@@ -2,14 +2,8 @@
 
 mod common;
 
-use std::process::{Command, Output};
-
-use common::rknot_bin;
+use common::run_rknot;
 use rknot::format::sk32::{Sketch, write_sk32};
-
-fn run(args: &[&str]) -> Output {
-    Command::new(rknot_bin()).args(args).output().unwrap()
-}
 
 fn sketch_file(dir: &std::path::Path) -> std::path::PathBuf {
     let s = Sketch::quantize(
@@ -32,7 +26,7 @@ fn bad_magic_names_path_and_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("x.bin");
     std::fs::write(&p, b"KNAT\x01\x00junk").unwrap();
-    let o = run(&["inspect", p.to_str().unwrap()]);
+    let o = run_rknot(&["inspect", p.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains(p.to_str().unwrap()), "{e}");
@@ -43,14 +37,14 @@ fn bad_magic_names_path_and_bytes() {
 #[test]
 fn missing_file_and_tensor_and_usage() {
     let dir = tempfile::tempdir().unwrap();
-    let o = run(&["cat", "/nonexistent/m.gguf", "x"]);
+    let o = run_rknot(&["cat", "/nonexistent/m.gguf", "x"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/m.gguf"));
     let p = sketch_file(dir.path());
-    let o = run(&["cat", p.to_str().unwrap(), "blk.9.nope.weight"]);
+    let o = run_rknot(&["cat", p.to_str().unwrap(), "blk.9.nope.weight"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no tensor named \"blk.9.nope.weight\""));
-    let o = run(&["frobnicate"]);
+    let o = run_rknot(&["frobnicate"]);
     assert_eq!(o.status.code(), Some(2), "usage errors exit 2");
 }
 
@@ -58,7 +52,7 @@ fn missing_file_and_tensor_and_usage() {
 fn inspect_and_cat_a_sketch() {
     let dir = tempfile::tempdir().unwrap();
     let p = sketch_file(dir.path());
-    let o = run(&["inspect", p.to_str().unwrap()]);
+    let o = run_rknot(&["inspect", p.to_str().unwrap()]);
     assert!(o.status.success());
     let t = String::from_utf8(o.stdout).unwrap();
     assert!(t.contains("format:    sk32 v1"), "{t}");
@@ -68,15 +62,15 @@ fn inspect_and_cat_a_sketch() {
         "{t}"
     );
     assert!(t.contains("SK32 r2"), "{t}");
-    let o = run(&["inspect", "--json", p.to_str().unwrap()]);
+    let o = run_rknot(&["inspect", "--json", p.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["source"]["format"], "sk32");
     assert_eq!(v["tensors"][0]["shape"], serde_json::json!([3, 5]));
     assert_eq!(v["tensors"][0]["served_bytes"], 60);
     // The attn_o alias resolves in both spellings; odd offsets work.
-    let whole = run(&["cat", p.to_str().unwrap(), "blk_2_attn_o_weight"]);
+    let whole = run_rknot(&["cat", p.to_str().unwrap(), "blk_2_attn_o_weight"]);
     assert_eq!(whole.stdout.len(), 60);
-    let part = run(&[
+    let part = run_rknot(&[
         "cat",
         p.to_str().unwrap(),
         "blk.2.attn_output.weight",

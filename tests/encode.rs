@@ -69,15 +69,29 @@ fn randomized_svd_is_within_one_percent_of_exact() {
     }
 }
 
-fn rknot_bin_run(args: &[&str]) -> std::process::Output {
-    Command::new(rknot_bin()).args(args).output().unwrap()
+/// `rknot encode KIND MODEL -o OUT EXTRA...`, as arguments.
+fn encode_args<'a>(
+    kind: &'a str,
+    model: &'a Path,
+    out: &'a Path,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "encode",
+        kind,
+        model.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 /// `rknot verify --dense --json` per-tensor figures against numpy: the
 /// encoded file decoded by tools/independent_reader.py (written from
 /// docs/FORMAT.md), the dense one by gguf-py.
 fn check_verify_against_numpy(encoded: &Path, model: &Path) {
-    let o = rknot_bin_run(&[
+    let o = run_rknot(&[
         "verify",
         encoded.to_str().unwrap(),
         "--dense",
@@ -157,15 +171,7 @@ fn sk32_rank64_encode_verify_mount() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("smol.sk32");
-    let o = rknot_bin_run(&[
-        "encode",
-        "sk32",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--rank",
-        "64",
-    ]);
+    let o = run_rknot(&encode_args("sk32", &model, &out, &["--rank", "64"]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // The encoder's own summary line and an atomic result: nothing else left.
     assert!(String::from_utf8_lossy(&o.stderr).contains("210 sketches"));
@@ -174,15 +180,7 @@ fn sk32_rank64_encode_verify_mount() {
     read_every_tensor_through_mount(&out, &model);
     // Refuses to overwrite; the existing file is untouched.
     let before = std::fs::read(&out).unwrap();
-    let o = rknot_bin_run(&[
-        "encode",
-        "sk32",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-        "--rank",
-        "8",
-    ]);
+    let o = run_rknot(&encode_args("sk32", &model, &out, &["--rank", "8"]));
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("output exists"));
     assert_eq!(std::fs::read(&out).unwrap(), before);
@@ -198,15 +196,7 @@ fn rknot_seed_and_faithful_encode_verify_mount() {
         ("faithful.rknot", vec!["--profile", "faithful"]),
     ] {
         let out = dir.path().join(name);
-        let mut args = vec![
-            "encode",
-            "rknot",
-            model.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-        ];
-        args.extend(extra);
-        let o = rknot_bin_run(&args);
+        let o = run_rknot(&encode_args("rknot", &model, &out, &extra));
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         check_verify_against_numpy(&out, &model);
         read_every_tensor_through_mount(&out, &model);
@@ -218,15 +208,9 @@ fn knot_repack_is_lossless() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("smol.knot");
-    let o = rknot_bin_run(&[
-        "encode",
-        "knot",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let o = run_rknot(&encode_args("knot", &model, &out, &[]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = rknot_bin_run(&[
+    let o = run_rknot(&[
         "verify",
         out.to_str().unwrap(),
         "--dense",
@@ -245,20 +229,27 @@ fn killed_encoding_leaves_no_target() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("killed.rknot");
+    // The encoder's stderr, outside `dir` (which must hold nothing else).
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("encode.log");
     let mut child = Command::new(rknot_bin())
-        .args([
-            "encode",
+        .args(encode_args(
             "rknot",
-            model.to_str().unwrap(),
-            "-o",
-            out.to_str().unwrap(),
-            "--profile",
-            "faithful",
-        ])
-        .stderr(std::process::Stdio::null())
+            &model,
+            &out,
+            &["--profile", "faithful"],
+        ))
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));
+    // Still encoding when killed, or this checks nothing.
+    let status = child.try_wait().unwrap();
+    assert!(
+        status.is_none(),
+        "the encoder exited ({status:?}) before it was killed; its stderr:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!out.exists(), "no file at the target");
@@ -271,8 +262,10 @@ fn killed_encoding_leaves_no_target() {
 
 /// Measured facts for docs/QUALITY.md (printed, not asserted): K/V energy
 /// inside the standing dimensions at coverage 0.3, and the seed's
-/// σ1 >= 8·σ2 "cliff" predicate over every block matrix.
+/// σ1 >= 8·σ2 "cliff" predicate over every block matrix. Not run by default:
+/// `cargo test --profile ci --test encode report_gqa -- --ignored --nocapture`.
 #[test]
+#[ignore = "prints facts for docs/QUALITY.md; run with --ignored --nocapture"]
 fn report_gqa_energy_and_cliffs() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();

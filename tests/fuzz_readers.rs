@@ -9,7 +9,8 @@
 //! `backend::open` and, if it opens, reads bounded ranges of every tensor.
 //! Passing means every call returned `Ok` or `Err`.
 //!
-//! - `RKNOT_FUZZ_SECS`: time budget per target (default 2; CI uses 60);
+//! - `RKNOT_FUZZ_SECS`: time budget per target (default 2; CI, through
+//!   .ci/run and tools/test.sh, uses 30);
 //! - `RKNOT_FUZZ_SEED`: base seed (default: from the clock; always printed);
 //! - `RKNOT_FUZZ_REPRO=file[,dense]`: run one saved input (see
 //!   `fuzz_repro`), without catching the panic.
@@ -141,7 +142,7 @@ impl Slot {
         );
         eprintln!(
             "fuzz_readers: target {} seed {} iteration {it}: {why}; input saved as {saved:?} \
-             (replay: RKNOT_FUZZ_REPRO=<file>[,<dense>] cargo test --release --test \
+             (replay: RKNOT_FUZZ_REPRO=<file>[,<dense>] cargo test --profile ci --test \
              fuzz_readers fuzz_repro -- --nocapture)",
             self.target, self.seed
         );
@@ -1122,7 +1123,7 @@ fn fuzz(target: &'static str, exts: &[&str], seeds: Vec<Vec<Vec<u8>>>) {
     assert!(
         panics.is_empty(),
         "fuzz {target} (RKNOT_FUZZ_SEED={base_seed}): {} panicking input(s):\n{}\n\
-         replay one with RKNOT_FUZZ_REPRO=<file>[,<dense>] cargo test --release --test \
+         replay one with RKNOT_FUZZ_REPRO=<file>[,<dense>] cargo test --profile ci --test \
          fuzz_readers fuzz_repro -- --nocapture",
         panics.len(),
         panics.join("\n")
@@ -1163,7 +1164,8 @@ fn fuzz_layered_sk32_gguf() {
 }
 
 /// `RKNOT_FUZZ_REPRO=file[,dense]`: run one saved input without catching
-/// the panic (for a backtrace). Does nothing when unset.
+/// the panic (for a backtrace). A helper run by hand, not a check: when the
+/// variable is unset it does nothing and passes.
 #[test]
 fn fuzz_repro() {
     let Ok(spec) = std::env::var("RKNOT_FUZZ_REPRO") else {
@@ -1184,7 +1186,8 @@ fn fuzz_repro() {
 
 /// `RKNOT_FUZZ_GUARD_SELFTEST=alloc` (or `hang`): check by hand that the
 /// allocation guard (or the watchdog) aborts the process with its message.
-/// Does nothing when unset.
+/// A helper run by hand, not a check: when the variable is unset it does
+/// nothing and passes.
 #[test]
 fn fuzz_guard_selftest() {
     let Ok(which) = std::env::var("RKNOT_FUZZ_GUARD_SELFTEST") else {

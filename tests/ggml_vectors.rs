@@ -2,11 +2,13 @@
 //! vectors in tests/data/ggml (written by tools/gen_ggml_vectors.py from
 //! gguf-py's `gguf.quants.dequantize`).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::sha256_hex;
 use rknot::quant::{self, DECODABLE, GgmlType};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 struct Vector {
     name: String,
@@ -19,13 +21,6 @@ struct Vector {
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ggml")
-}
-
-fn hex_sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn field<'a>(entry: &'a Value, key: &str) -> &'a Value {
@@ -44,7 +39,7 @@ fn read_checked(name: &str, ext: &str, sha256: &str) -> Vec<u8> {
     let path = data_dir().join(format!("{name}.{ext}"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     assert_eq!(
-        hex_sha256(&bytes),
+        sha256_hex(&bytes),
         sha256,
         "sha256 of {} differs from the manifest",
         path.display()

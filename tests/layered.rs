@@ -1,8 +1,6 @@
 //! Layered backend rules on small synthetic files (no model needed), and
 //! concurrent reads from many threads.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

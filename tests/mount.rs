@@ -10,22 +10,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::mount::{Mounted, fuse_available, is_mounted, mount_bin};
+use common::mount::{MountGuard, Mounted, background_pid, fuse_available, is_mounted, mount_bin};
 use common::*;
 use rknot::backend::{self, Backend, Role};
-
-fn demo(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("demo")
-        .join(name)
-}
-
-fn decode(b: &dyn Backend, name: &str) -> Vec<u8> {
-    let i = b.find(name).unwrap();
-    let mut v = vec![0f32; b.tensors().entries()[i].n_elements as usize];
-    b.read_f32(i, 0, &mut v).unwrap();
-    f32_le_bytes(&v)
-}
 
 struct Rng(u64);
 impl Rng {
@@ -105,7 +92,7 @@ fn smollm2_random_dd_reads_and_numpy_memmap() {
         "blk.7.ffn_down.weight",
         "blk.29.attn_k.weight",
     ] {
-        let full = decode(b.as_ref(), name);
+        let full = decode_bytes(b.as_ref(), name);
         let path = m.path(&format!("{name}.f32"));
         for _ in 0..12 {
             let off = rng.next() % full.len() as u64;
@@ -141,25 +128,17 @@ fn smollm2_random_dd_reads_and_numpy_memmap() {
     }
     // numpy.memmap of a tensor file.
     let name = "blk.3.ffn_gate.weight";
-    let want = sha256_hex(&decode(b.as_ref(), name));
+    let want = sha256_hex(&decode_bytes(b.as_ref(), name));
     let script = format!(
         "import hashlib, numpy as np\n\
          m = np.memmap('{}', dtype='<f4', mode='r')\n\
          print(m.shape[0], hashlib.sha256(m.tobytes()).hexdigest())",
         m.path(&format!("{name}.f32")).display()
     );
-    match Command::new("python3").arg("-c").arg(&script).output() {
-        Ok(o) if o.status.success() => {
-            let s = String::from_utf8(o.stdout).unwrap();
-            assert_eq!(s.trim(), format!("{} {want}", 1536 * 576), "numpy.memmap");
-        }
-        Ok(o)
-            if String::from_utf8_lossy(&o.stderr).contains("No module named 'numpy'")
-                && std::env::var_os("RKNOT_REQUIRE_FUSE").is_none() =>
-        {
-            eprintln!("NOTE: numpy missing; memmap check skipped");
-        }
-        other => panic!("python3 memmap check failed: {other:?}"),
+    // (Skipped with a note when numpy is missing, unless RKNOT_REQUIRE_FUSE
+    // is set; any other failure panics with the script's stderr.)
+    if let Some(s) = python(&script, &[]) {
+        assert_eq!(s.trim(), format!("{} {want}", 1536 * 576), "numpy.memmap");
     }
 }
 
@@ -201,7 +180,7 @@ fn sk32_over_gguf_fallback() {
         "blk.0.attn_norm.weight",
     ] {
         let canonical = rknot::names::canonical(name);
-        let want = decode(layered.as_ref(), &canonical);
+        let want = decode_bytes(layered.as_ref(), &canonical);
         for file in [
             format!("{canonical}.f32"),
             format!("{}.f32", rknot::names::underscore(&canonical)),
@@ -211,7 +190,7 @@ fn sk32_over_gguf_fallback() {
     }
     assert_eq!(
         std::fs::read(m.path("token_embd.weight.f32")).unwrap(),
-        decode(dense.as_ref(), "token_embd.weight"),
+        decode_bytes(dense.as_ref(), "token_embd.weight"),
         "vocab table comes from the fallback"
     );
 }
@@ -223,8 +202,8 @@ fn concurrent_readers_small_cache() {
     if !fuse_available() {
         return;
     }
-    let src = demo("tiny-llama.rknot");
-    let dense = demo("tiny-llama.gguf");
+    let src = demo_path("tiny-llama.rknot");
+    let dense = demo_path("tiny-llama.gguf");
     // 64 KiB chunks and a 1 MiB cache: smaller than token_embd/ffn tensors' decoded size... and
     // smaller than the whole model, so chunks are evicted while readers run.
     let m = Mounted::new(
@@ -247,7 +226,8 @@ fn concurrent_readers_small_cache() {
         .iter()
         .map(|t| t.name.dot.clone())
         .collect();
-    let full: Arc<Vec<Vec<u8>>> = Arc::new(names.iter().map(|n| decode(b.as_ref(), n)).collect());
+    let full: Arc<Vec<Vec<u8>>> =
+        Arc::new(names.iter().map(|n| decode_bytes(b.as_ref(), n)).collect());
     let mp = m.mp.clone();
     let names = Arc::new(names);
     let deadline = Instant::now() + Duration::from_secs(4);
@@ -295,9 +275,9 @@ fn truncated_source_gives_eio_not_a_crash() {
     }
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("model.gguf");
-    std::fs::copy(demo("tiny-llama.gguf"), &copy).unwrap();
+    std::fs::copy(demo_path("tiny-llama.gguf"), &copy).unwrap();
     let b = backend::open(&copy, None).unwrap();
-    let m = Mounted::new(&copy, &[]);
+    let mut m = Mounted::new(&copy, &[]);
     // Keep the first half of the file.
     let len = std::fs::metadata(&copy).unwrap().len();
     std::fs::OpenOptions::new()
@@ -310,7 +290,7 @@ fn truncated_source_gives_eio_not_a_crash() {
     let last = "output.weight";
     assert_eq!(
         std::fs::read(m.path(&format!("{first}.f32"))).unwrap(),
-        decode(b.as_ref(), first)
+        decode_bytes(b.as_ref(), first)
     );
     let err = std::fs::read(m.path(&format!("{last}.f32"))).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
@@ -318,7 +298,7 @@ fn truncated_source_gives_eio_not_a_crash() {
     // Still serving, and it says why in the log.
     assert_eq!(
         std::fs::read(m.path(&format!("{first}.f32"))).unwrap(),
-        decode(b.as_ref(), first)
+        decode_bytes(b.as_ref(), first)
     );
     assert!(
         m.ctl().contains("errors 1") || m.ctl().contains("errors 2"),
@@ -329,12 +309,13 @@ fn truncated_source_gives_eio_not_a_crash() {
 }
 
 trait Alive {
-    fn try_wait_alive(&self) -> bool;
+    fn try_wait_alive(&mut self) -> bool;
 }
 impl Alive for Mounted {
-    fn try_wait_alive(&self) -> bool {
-        // SAFETY: signal 0 only checks that the process exists.
-        unsafe { libc::kill(self.pid() as i32, 0) == 0 }
+    /// The daemon has not exited (a zombie counts as exited: `try_wait`
+    /// reaps it, where kill(pid, 0) would still succeed).
+    fn try_wait_alive(&mut self) -> bool {
+        self.try_wait().is_none()
     }
 }
 
@@ -344,7 +325,7 @@ fn sigterm_sigint_and_external_unmount_exit_zero() {
         return;
     }
     for how in ["SIGTERM", "SIGINT", "fusermount3", "umount"] {
-        let mut m = Mounted::new(&demo("tiny-llama.gguf"), &[]);
+        let mut m = Mounted::new(&demo_path("tiny-llama.gguf"), &[]);
         match how {
             "SIGTERM" => m.signal(libc::SIGTERM),
             "SIGINT" => m.signal(libc::SIGINT),
@@ -386,11 +367,13 @@ fn background_mode_returns_when_live() {
     let mp = dir.path().join("m");
     std::fs::create_dir(&mp).unwrap();
     let log = dir.path().join("bg.log");
+    // Unmounts and stops the daemon if an assertion below fails.
+    let mut guard = MountGuard::new(&mp, None);
     let out = Command::new(mount_bin())
-        .arg(demo("tiny-llama.rknot"))
+        .arg(demo_path("tiny-llama.rknot"))
         .arg(&mp)
         .arg("--dense")
-        .arg(demo("tiny-llama.gguf"))
+        .arg(demo_path("tiny-llama.gguf"))
         .arg("--log-file")
         .arg(&log)
         .output()
@@ -401,6 +384,7 @@ fn background_mode_returns_when_live() {
         String::from_utf8_lossy(&out.stderr)
     );
     let msg = String::from_utf8(out.stdout).unwrap();
+    guard.set_pid(background_pid(&msg));
     assert!(
         msg.contains("serving") && msg.contains(log.to_str().unwrap()),
         "{msg}"
@@ -414,13 +398,7 @@ fn background_mode_returns_when_live() {
         names.iter().any(|n| n == "blk.0.attn_q.weight.f32"),
         "{names:?}"
     );
-    let pid: i32 = msg
-        .split("(pid ")
-        .nth(1)
-        .and_then(|s| s.split(';').next())
-        .unwrap()
-        .parse()
-        .unwrap();
+    let pid: i32 = background_pid(&msg).unwrap();
     assert!(
         Command::new("fusermount3")
             .arg("-u")
@@ -435,6 +413,7 @@ fn background_mode_returns_when_live() {
         assert!(Instant::now() < deadline, "daemon {pid} still running");
         std::thread::sleep(Duration::from_millis(20));
     }
+    guard.exited();
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("unmounted"), "{text}");
 }
@@ -444,7 +423,7 @@ fn tools_work_and_writes_are_refused() {
     if !fuse_available() {
         return;
     }
-    let m = Mounted::new(&demo("tiny-llama.gguf"), &[]);
+    let m = Mounted::new(&demo_path("tiny-llama.gguf"), &[]);
     let mp = m.mp.to_str().unwrap();
     let sh = |cmd: &str| {
         let o = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
@@ -525,15 +504,22 @@ fn bad_usage_messages() {
     std::fs::write(&file, b"x").unwrap();
     let junk = d.join("junk.bin");
     std::fs::write(&junk, b"PK\x03\x04 not a model").unwrap();
-    let gguf = demo("tiny-llama.gguf");
+    let gguf = demo_path("tiny-llama.gguf");
     let busy = Mounted::new(&gguf, &[]);
     let run = |args: &[&Path], env: Option<(&str, &str)>, want: &str| {
+        // Should this invocation mount after all (background mode), the
+        // guard unmounts it and stops the daemon when an assertion fails; a
+        // mountpoint that was already mounted (busy) is left alone.
+        let mp = args[1];
+        let already = is_mounted(&mp.canonicalize().unwrap_or_else(|_| mp.to_path_buf()));
         let mut c = Command::new(mount_bin());
         c.args(args);
         if let Some((k, v)) = env {
             c.env(k, v);
         }
         let o = c.output().unwrap();
+        let _guard = (!already)
+            .then(|| MountGuard::new(mp, background_pid(&String::from_utf8_lossy(&o.stdout))));
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
@@ -582,9 +568,9 @@ fn systemd_unit_command_line_and_notify() {
         &conf,
         format!(
             "# comment\nSOURCE={}\nMOUNTPOINT={}\nOPTIONS=--dense {} --cache-mb 32 -o fsname=demo\n",
-            demo("tiny-llama.rknot").display(),
+            demo_path("tiny-llama.rknot").display(),
             mp.display(),
-            demo("tiny-llama.gguf").display()
+            demo_path("tiny-llama.gguf").display()
         ),
     )
     .unwrap();
@@ -625,6 +611,8 @@ fn systemd_unit_command_line_and_notify() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Stops the daemon and unmounts if an assertion below fails.
+    let mut guard = MountGuard::new(&mp, Some(child.id() as i32));
     let mut buf = [0u8; 512];
     let n = sock.recv(&mut buf).expect("READY=1 from the daemon");
     let msg = String::from_utf8_lossy(&buf[..n]).to_string();
@@ -640,6 +628,7 @@ fn systemd_unit_command_line_and_notify() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let st = child.wait().unwrap();
+    guard.exited();
     assert!(st.success(), "{st}");
     assert!(!is_mounted(&mp.canonicalize().unwrap()));
 }

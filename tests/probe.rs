@@ -296,24 +296,31 @@ fn probe_through_a_real_mount() {
     let b = all_logits(&s.model, &ids);
     assert!(a == b, "logits through the mount differ from the backend's");
     // And the CLI on the mount directory.
+    let text = probe_ok(&[
+        m.mp.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--top",
+        "2",
+    ]);
+    assert!(first_candidate(&text).contains("\" Paris\""), "{text}");
+}
+
+/// `rknot probe ARGS...`: asserts that it succeeds (stdout and stderr in
+/// the message) and returns its stdout.
+fn probe_ok(args: &[&str]) -> String {
     let out = Command::new(rknot_bin())
-        .args([
-            "probe",
-            m.mp.to_str().unwrap(),
-            "--prompt",
-            "The capital of France is",
-            "--top",
-            "2",
-        ])
+        .arg("probe")
+        .args(args)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(first_candidate(&text).contains("\" Paris\""), "{text}");
+    text
 }
 
 fn first_candidate(report: &str) -> String {
@@ -328,48 +335,32 @@ fn first_candidate(report: &str) -> String {
 #[test]
 fn cli_prompt_top_k_and_generation() {
     let Some(s) = smol() else { return };
-    let out = Command::new(rknot_bin())
-        .args(["probe", s.path.to_str().unwrap()])
-        .args([
-            "--prompt",
-            "The capital of France is",
-            "--top",
-            "3",
-            "--generate",
-            "4",
-            "--threads",
-            "2",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = probe_ok(&[
+        s.path.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--top",
+        "3",
+        "--generate",
+        "4",
+        "--threads",
+        "2",
+    ]);
     assert!(first_candidate(&text).contains("\" Paris\""), "{text}");
     assert!(text.contains("prompt processing: 5 tokens"), "{text}");
     assert!(text.contains("greedy (4 tokens):\n   Paris"), "{text}");
     assert!(text.contains("tokens/s]"), "{text}");
 
     // --compare against itself: full agreement; --tokens needs no text.
-    let out = Command::new(rknot_bin())
-        .args([
-            "probe",
-            s.path.to_str().unwrap(),
-            "--tokens",
-            "504,3575,282,4649,314",
-        ])
-        .args(["--compare", s.path.to_str().unwrap(), "--top", "1"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = probe_ok(&[
+        s.path.to_str().unwrap(),
+        "--tokens",
+        "504,3575,282,4649,314",
+        "--compare",
+        s.path.to_str().unwrap(),
+        "--top",
+        "1",
+    ]);
     assert!(
         text.contains("top-1 agreement 1.0000 (5/5), mean KL 0.000000"),
         "{text}"

@@ -132,6 +132,9 @@ impl Backend for RknotBackend {
         // Decoded tiles of the current row tile, by column tile.
         let mut cached_rt = u64::MAX;
         let mut tiles: Vec<Option<Vec<f32>>> = Vec::new();
+        // Buffers of tiles already used, reused for the next row tile's
+        // decodes (a tile is up to 256 KiB: a fresh one is an mmap).
+        let mut spare: Vec<Vec<f32>> = Vec::new();
         for row in row0..row1 {
             let p = if t.restrict_rows {
                 match m.position(row) {
@@ -156,7 +159,7 @@ impl Backend for RknotBackend {
             let rt = p / g.block_rows;
             if rt != cached_rt {
                 cached_rt = rt;
-                tiles.clear();
+                spare.extend(tiles.drain(..).flatten());
                 tiles.resize(g.col_tiles() as usize, None);
             }
             let out_row = (row_start + j0 - first_elem) as usize;
@@ -164,7 +167,7 @@ impl Backend for RknotBackend {
                 let b = g.block_index(rt, ct);
                 let slot = &mut tiles[ct as usize];
                 if slot.is_none() {
-                    let mut buf = Vec::new();
+                    let mut buf = spare.pop().unwrap_or_default();
                     self.decode(t, b, &mut buf)?;
                     *slot = Some(buf);
                 }

@@ -1,5 +1,6 @@
 //! SK32 backend: rows of W = U·diag(σ)·Vᵀ computed on demand.
 
+use crate::backend::scratch;
 use crate::backend::{
     Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
     entry_for_read, origin,
@@ -83,59 +84,76 @@ impl Backend for SketchBackend {
         let end = first_elem + out.len() as u64;
         let row0 = first_elem / d_in;
         let row1 = end.div_ceil(d_in);
-        let mut u = vec![0u8; ((row1 - row0) * s.rank) as usize];
-        self.src
-            .read_at(s.u_offset() + row0 * s.rank, &mut u)
-            .map_err(tensor_err)?;
-        let mut sig = vec![0u8; rank];
-        self.src
-            .read_at(s.sigma_offset(), &mut sig)
-            .map_err(tensor_err)?;
-        let sigma: Vec<f32> = sig.iter().map(|&q| dequant_sigma(q, s.sigma_max)).collect();
-        // Vᵀ is read whole once if any row of the request is whole; a
-        // partial first or last row reads only its columns of each Vᵀ row,
-        // so a small read never pulls in all of Vᵀ.
-        let mut v_full: Option<Vec<u8>> = None;
-        let mut v_part = Vec::new();
-        // W[i, j] = sum_r U[i,r] σ[r] Vᵀ[r,j], with Vᵀ[r,j] = (v - 128) · v_max/127:
-        // fold U·σ·v_max/127 into one coefficient per (row, r) so the inner
-        // loop over columns is a contiguous u8 -> f32 multiply-add.
-        let v_step = s.v_max / 127.0;
-        let mut coef = vec![0f32; rank];
-        let mut written = 0usize;
-        for row in row0..row1 {
+        // Served columns [lo, hi) of a row of the request.
+        let cols = |row: u64| {
             let row_start = row * d_in;
-            let lo = first_elem.max(row_start) - row_start;
-            let hi = end.min(row_start + d_in) - row_start;
-            let width = (hi - lo) as usize;
-            let urow = &u[((row - row0) * s.rank) as usize..][..rank];
-            for ((c, &uq), &sg) in coef.iter_mut().zip(urow).zip(&sigma) {
-                *c = dequant_uv(uq, s.u_max) * sg * v_step;
+            (
+                first_elem.max(row_start) - row_start,
+                end.min(row_start + d_in) - row_start,
+            )
+        };
+        // Vᵀ is read whole if any row of the request is whole; otherwise
+        // (at most two partial rows) each row reads only its columns of
+        // each Vᵀ row, so a small read never pulls in all of Vᵀ.
+        let v_whole = (row0..row1).any(|r| cols(r) == (0, d_in));
+        let v_width = if v_whole {
+            d_in
+        } else {
+            (row0..row1)
+                .map(|r| cols(r).1 - cols(r).0)
+                .max()
+                .unwrap_or(0)
+        };
+        let u_len = ((row1 - row0) * s.rank) as usize;
+        let v_len = rank * v_width as usize;
+        // One reused buffer for U's rows, σ and Vᵀ: no allocation per read.
+        scratch::with_bytes(u_len + rank + v_len, |bytes| {
+            let (u, rest) = bytes.split_at_mut(u_len);
+            let (sig, v) = rest.split_at_mut(rank);
+            self.src
+                .read_at(s.offset + row0 * s.rank, u)
+                .map_err(tensor_err)?;
+            self.src
+                .read_at(s.sigma_offset(), sig)
+                .map_err(tensor_err)?;
+            if v_whole {
+                self.src.read_at(s.v_offset(), v).map_err(tensor_err)?;
             }
-            // (bytes of Vᵀ, stride between Vᵀ rows, first column in them)
-            if width as u64 == d_in && v_full.is_none() {
-                let mut all = vec![0u8; rank * d_in as usize];
-                self.src
-                    .read_at(s.v_offset(), &mut all)
-                    .map_err(tensor_err)?;
-                v_full = Some(all);
-            }
-            let (v, stride, col0) = match &v_full {
-                Some(all) => (&all[..], d_in as usize, lo as usize),
-                None => {
-                    v_part.resize(rank * width, 0u8);
-                    for (r, dst) in v_part.chunks_exact_mut(width).enumerate() {
-                        self.src
-                            .read_at(s.v_offset() + r as u64 * d_in + lo, dst)
-                            .map_err(tensor_err)?;
-                    }
-                    (&v_part[..], width, 0)
+            // W[i, j] = sum_r U[i,r] σ[r] Vᵀ[r,j], with Vᵀ[r,j] = (v - 128) · v_max/127:
+            // fold U·σ·v_max/127 into one coefficient per (row, r) so the
+            // inner loop over columns is a contiguous u8 -> f32 multiply-add.
+            let v_step = s.v_max / 127.0;
+            scratch::with_floats(2 * rank, |floats| {
+                let (sigma, coef) = floats.split_at_mut(rank);
+                for (d, &q) in sigma.iter_mut().zip(sig.iter()) {
+                    *d = dequant_sigma(q, s.sigma_max);
                 }
-            };
-            row_product(&mut out[written..written + width], &coef, v, stride, col0);
-            written += width;
-        }
-        Ok(())
+                let mut written = 0usize;
+                for row in row0..row1 {
+                    let (lo, hi) = cols(row);
+                    let width = (hi - lo) as usize;
+                    let urow = &u[((row - row0) * s.rank) as usize..][..rank];
+                    for ((c, &uq), &sg) in coef.iter_mut().zip(urow).zip(sigma.iter()) {
+                        *c = dequant_uv(uq, s.u_max) * sg * v_step;
+                    }
+                    // (bytes of Vᵀ, stride between Vᵀ rows, first column in them)
+                    let (vt, stride, col0) = if v_whole {
+                        (&v[..], d_in as usize, lo as usize)
+                    } else {
+                        let part = &mut v[..rank * width];
+                        for (r, dst) in part.chunks_exact_mut(width).enumerate() {
+                            self.src
+                                .read_at(s.v_offset() + r as u64 * d_in + lo, dst)
+                                .map_err(tensor_err)?;
+                        }
+                        (&v[..rank * width], width, 0)
+                    };
+                    row_product(&mut out[written..written + width], coef, vt, stride, col0);
+                    written += width;
+                }
+                Ok(())
+            })
+        })
     }
 }
 

@@ -273,18 +273,10 @@ impl Filesystem for FuseAdapter {
         reply.statfs(s.blocks, 0, 0, s.files, 0, s.bsize, s.namelen, s.bsize);
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        match self.fs.getattr(ino.0) {
-            Ok(_) if mask.contains(fuser::AccessFlags::W_OK) && ino.0 != CTL_INO => {
-                reply.error(Errno::EROFS)
-            }
-            Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    /// No extended attributes: ENODATA (ENOSYS would make the kernel log
-    /// and retry on every write to ctl).
+    /// No extended attributes: every name answers ENODATA, as on a
+    /// filesystem that supports xattrs but has none set. (ENOSYS would be
+    /// remembered by the kernel, saving the round trip, but turns into
+    /// EOPNOTSUPP for callers.)
     fn getxattr(&self, _req: &Request, ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
         match self.fs.getattr(ino.0) {
             Ok(_) => reply.error(Errno::from_i32(libc::ENODATA)),

@@ -38,7 +38,7 @@ use std::time::{Instant, SystemTime};
 use serde_json::{Value, json};
 
 use crate::backend::{Backend, SourceSummary};
-use crate::cache::{BlockCache, Chunk, ChunkKey};
+use crate::cache::{BlockCache, Chunk, ChunkKey, lock};
 use crate::error::Result;
 use crate::format::meta::{MetaValue, Metadata};
 use crate::report;
@@ -175,7 +175,7 @@ pub struct StatFs {
 struct TensorFile {
     /// Index in the backend's table.
     index: usize,
-    size: u64,
+    n_elements: u64,
     chunk_elems: u64,
     mtime: SystemTime,
     nlink: u32,
@@ -186,6 +186,10 @@ struct TensorFile {
 struct HandleState {
     next_offset: u64,
     window: u64,
+    /// The last chunk handed to the prefetcher for this stream: later reads
+    /// request only the chunks after it, so chunks still queued are not
+    /// queued again.
+    last_requested: Option<(usize, u64)>,
 }
 
 /// Everything the read path shares with the prefetch threads.
@@ -193,6 +197,13 @@ pub(crate) struct Shared {
     backend: Arc<dyn Backend>,
     cache: BlockCache,
     files: Vec<TensorFile>,
+}
+
+impl TensorFile {
+    /// Size of this tensor's file in `fmt`.
+    fn bytes(&self, fmt: ElemFormat) -> u64 {
+        self.n_elements * fmt.bytes()
+    }
 }
 
 impl Shared {
@@ -203,11 +214,26 @@ impl Shared {
             tensor: f as u32,
             chunk,
         };
-        let n_elems = file.size / 4;
         let first = chunk * file.chunk_elems;
-        let len = file.chunk_elems.min(n_elems.saturating_sub(first)) as usize;
-        self.cache.get_or_decode(key, len, |buf| {
-            self.backend.read_f32(file.index, first, buf)
+        let len = file.chunk_elems.min(file.n_elements.saturating_sub(first)) as usize;
+        self.cache
+            .get_or_decode(key, len, |buf| self.decode(f, first, buf))
+    }
+
+    /// Decode elements `[first, first + out.len())` of tensor file `f`.
+    /// Every decode of the read path comes through here, so a decoder panic
+    /// (a bug) fails this one read with EIO instead of killing a FUSE
+    /// worker thread, which would end the session.
+    fn decode(&self, f: usize, first: u64, out: &mut [f32]) -> Result<()> {
+        let index = self.files[f].index;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.backend.read_f32(index, first, out)
+        }))
+        .unwrap_or_else(|_| {
+            Err(crate::Error::new(
+                crate::error::ErrorKind::BadValue,
+                "internal error: decoder panicked",
+            ))
         })
     }
 }
@@ -219,7 +245,6 @@ struct Counters {
     reads_in_flight: AtomicU64,
     small_reads: AtomicU64,
     bytes_served: AtomicU64,
-    ctl_commands: AtomicU64,
 }
 
 /// One whole-model view (`model.safetensors`, ...): its layout when it is
@@ -263,6 +288,10 @@ pub struct TensorFs {
     jobs: Option<crate::jobs::JobManager>,
     /// Direct I/O as configured, unless the kernel cannot mmap such files.
     direct_io: std::sync::atomic::AtomicBool,
+    /// Owner of `ctl`, `ctl.json` and `jobs/`: the daemon's own user, not
+    /// `-o uid=`. Jobs run with the daemon's rights and write next to the
+    /// model, so only that user (mode 0600) may start them.
+    daemon_owner: (u32, u32),
 }
 
 fn mtime_of(path: &Path) -> SystemTime {
@@ -497,7 +526,7 @@ impl TensorFs {
             }
             files.push(TensorFile {
                 index: i,
-                size: t.served_bytes(),
+                n_elements: t.n_elements,
                 chunk_elems: chunk_elems_for(t.granule, config.chunk_bytes),
                 mtime: mtime_of(&t.origin.path),
                 nlink: if t.name.dot == t.name.underscore {
@@ -625,6 +654,8 @@ impl TensorFs {
             prefetch,
             last_ctl_error: Mutex::new(None),
             direct_io: std::sync::atomic::AtomicBool::new(config.direct_io),
+            // SAFETY: geteuid/getegid have no preconditions.
+            daemon_owner: unsafe { (libc::geteuid(), libc::getegid()) },
             jobs,
             config,
         }
@@ -651,10 +682,6 @@ impl TensorFs {
 
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.shared.backend
-    }
-
-    pub fn config(&self) -> &FsConfig {
-        &self.config
     }
 
     /// Whether tensor files are opened with direct I/O.
@@ -693,6 +720,12 @@ impl TensorFs {
             gid: self.config.gid,
             mtime: self.root_mtime,
         };
+        let live = Attr {
+            uid: self.daemon_owner.0,
+            gid: self.daemon_owner.1,
+            mtime: SystemTime::now(),
+            ..base
+        };
         match ino {
             ROOT_INO => Ok(Attr {
                 kind: Kind::Dir,
@@ -704,32 +737,25 @@ impl TensorFs {
                 size: self.index_json.len() as u64,
                 ..base
             }),
-            // Live content: size 0, read with direct I/O (like /proc).
+            // Live content: size 0, read with direct I/O (like /proc),
+            // owned by the daemon's user.
             CTL_INO => Ok(Attr {
                 perm: 0o600,
-                mtime: SystemTime::now(),
-                ..base
+                ..live
             }),
-            CTL_JSON_INO if self.jobs.is_some() => Ok(Attr {
-                mtime: SystemTime::now(),
-                ..base
-            }),
+            CTL_JSON_INO if self.jobs.is_some() => Ok(live),
             JOBS_DIR_INO if self.jobs.is_some() => Ok(Attr {
                 kind: Kind::Dir,
                 perm: 0o555,
                 nlink: 2,
-                mtime: SystemTime::now(),
-                ..base
+                ..live
             }),
-            _ if self.job_of(ino).is_some() => Ok(Attr {
-                mtime: SystemTime::now(),
-                ..base
-            }),
+            _ if self.job_of(ino).is_some() => Ok(live),
             _ => match self.node(ino).ok_or(libc::ENOENT)? {
                 Node::Tensor { f, fmt } => {
                     let file = &self.shared.files[f];
                     Ok(Attr {
-                        size: file.size / 4 * fmt.bytes(),
+                        size: file.bytes(fmt),
                         nlink: file.nlink,
                         mtime: file.mtime,
                         ..base
@@ -837,7 +863,7 @@ impl TensorFs {
     }
 
     fn lock_handles(&self) -> std::sync::MutexGuard<'_, HashMap<u64, HandleState>> {
-        self.handles.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.handles)
     }
 
     /// Serve `[offset, offset + size)` of a file. Tensor and view reads
@@ -950,12 +976,11 @@ impl TensorFs {
         offset: u64,
         size: u32,
     ) -> Result<ReadData> {
-        let file = &self.shared.files[f];
-        let len = file.size / 4 * fmt.bytes();
+        let len = self.shared.files[f].bytes(fmt);
         if offset >= len || size == 0 {
             return Ok(ReadData::Owned(Vec::new()));
         }
-        let end = len.min(offset + u64::from(size));
+        let end = len.min(offset.saturating_add(u64::from(size)));
         let small = self.small_read(f, fmt, fh, offset, offset, end);
         let data = self.tensor_range(f, fmt, offset, end, small)?;
         let whole = [views::Segment {
@@ -971,7 +996,7 @@ impl TensorFs {
         if offset >= l.size() || size == 0 {
             return Ok(ReadData::Owned(Vec::new()));
         }
-        let end = l.size().min(offset + u64::from(size));
+        let end = l.size().min(offset.saturating_add(u64::from(size)));
         let pieces = l.pieces(offset, end);
         let data = match pieces.as_slice() {
             // Inside one tensor: the tensor files' path (zero-copy from a
@@ -1018,16 +1043,16 @@ impl TensorFs {
         let (e0, e1) = (lo / bpe, hi.div_ceil(bpe));
         if small {
             self.counters.small_reads.fetch_add(1, Ordering::Relaxed);
-            let mut v = vec![0f32; (e1 - e0) as usize];
-            self.shared.backend.read_f32(file.index, e0, &mut v)?;
-            let mut out = Vec::with_capacity((hi - lo) as usize);
-            views::encode_into(
-                fmt,
-                &v,
-                (lo - e0 * bpe) as usize,
-                (hi - lo) as usize,
-                &mut out,
-            );
+            let mut vals = vec![0f32; (e1 - e0) as usize];
+            self.shared.decode(f, e0, &mut vals)?;
+            let skip = (lo - e0 * bpe) as usize;
+            let take = (hi - lo) as usize;
+            if fmt == ElemFormat::F32 {
+                // Replied straight from the decoded values, like a chunk.
+                return Ok(ReadData::Chunk(Arc::new(vals), skip..skip + take));
+            }
+            let mut out = Vec::with_capacity(take);
+            views::encode_into(fmt, &vals, skip, take, &mut out);
             return Ok(ReadData::Owned(out));
         }
         let (c0, c1) = (e0 / file.chunk_elems, (e1 - 1) / file.chunk_elems);
@@ -1086,10 +1111,12 @@ impl TensorFs {
             .is_some_and(|h| h.next_offset == offset && offset > 0)
     }
 
-    /// Sequential readers get a read-ahead window that doubles on each
-    /// sequential read (up to the configured maximum) and resets on a seek;
-    /// the window's chunks are those after byte `end` of the file, whose
-    /// tensor bytes are `segments` in `fmt` (one segment for a tensor
+    /// Track the handle's stream: a read that starts where the previous one
+    /// ended is sequential (that also decides the small-read rule). With
+    /// prefetch on, sequential readers get a read-ahead window that doubles
+    /// on each sequential read (up to the configured maximum) and resets on
+    /// a seek; the window's chunks are those after byte `end` of the file,
+    /// whose tensor bytes are `segments` in `fmt` (one segment for a tensor
     /// file; a view continues into the next tensors).
     fn after_read(
         &self,
@@ -1099,26 +1126,38 @@ impl TensorFs {
         segments: &[views::Segment],
         fmt: ElemFormat,
     ) {
-        if self.config.prefetch_threads == 0 {
-            return;
-        }
-        let window = {
+        let prefetch = self.config.prefetch_threads > 0;
+        let wanted = {
             let mut handles = self.lock_handles();
             let Some(h) = handles.get_mut(&fh) else {
                 return;
             };
-            if offset == h.next_offset {
+            let sequential = offset == h.next_offset;
+            h.next_offset = end;
+            if !prefetch {
+                return;
+            }
+            if sequential {
                 h.window = (h.window * 2).clamp(1, self.config.prefetch_max_chunks);
             } else {
                 h.window = 0;
+                h.last_requested = None;
             }
-            h.next_offset = end;
-            h.window
+            let next = views::chunks_after(segments, fmt.bytes(), end, h.window, |f| {
+                self.shared.files[f].chunk_elems
+            });
+            // Skip what this stream already requested (the list is in read
+            // order, so everything up to the last request).
+            let fresh = match h.last_requested {
+                Some(last) => next.iter().position(|c| *c == last).map_or(0, |i| i + 1),
+                None => 0,
+            };
+            if let Some(last) = next.last() {
+                h.last_requested = Some(*last);
+            }
+            next.into_iter().skip(fresh).collect::<Vec<_>>()
         };
-        let next = views::chunks_after(segments, fmt.bytes(), end, window, |f| {
-            self.shared.files[f].chunk_elems
-        });
-        for (f, c) in next {
+        for (f, c) in wanted {
             self.prefetch.request(f, c);
         }
     }
@@ -1127,7 +1166,6 @@ impl TensorFs {
     pub fn write_ctl(&self, data: &[u8]) -> std::result::Result<usize, i32> {
         let text = String::from_utf8_lossy(data);
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            self.counters.ctl_commands.fetch_add(1, Ordering::Relaxed);
             let result = match (line, &self.jobs) {
                 ("drop-cache", _) => {
                     self.shared.cache.clear();
@@ -1148,10 +1186,7 @@ impl TensorFs {
                 Ok(msg) => log::info!("ctl: {line}: {msg}"),
                 Err(msg) => {
                     log::warn!("ctl: {line}: {msg}");
-                    *self
-                        .last_ctl_error
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(format!("{line}: {msg}"));
+                    *lock(&self.last_ctl_error) = Some(format!("{line}: {msg}"));
                     return Err(libc::EINVAL);
                 }
             }
@@ -1169,7 +1204,7 @@ impl TensorFs {
     pub fn statfs(&self) -> StatFs {
         let per_elem: u64 = self.formats.iter().map(|f| f.bytes()).sum();
         let tensors = self.shared.files.iter().fold(0u64, |a, f| {
-            a.saturating_add((f.size / 4).saturating_mul(per_elem))
+            a.saturating_add(f.n_elements.saturating_mul(per_elem))
         });
         let served = self
             .offered_views()
@@ -1211,10 +1246,12 @@ impl TensorFs {
             self.shared.files.len(),
             self.config.views.names(),
             self.shared.files.len() * self.formats.len(),
-            self.entries.len()
-                - 2
-                - self.offered_views().count()
-                - if self.jobs.is_some() { 2 } else { 0 },
+            self.entries
+                .iter()
+                .filter(|(_, ino)| self
+                    .node(*ino)
+                    .is_some_and(|n| matches!(n, Node::Tensor { .. })))
+                .count(),
             if self.direct_io() {
                 "direct_io"
             } else {
@@ -1261,12 +1298,7 @@ impl TensorFs {
                 Err(why) => format!("view:      {} absent: {why}\n", v.view.name()),
             };
         }
-        if let Some(e) = self
-            .last_ctl_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
+        if let Some(e) = lock(&self.last_ctl_error).as_ref() {
             o += &format!("last_error: {e}\n");
         }
         o
@@ -1284,8 +1316,10 @@ impl TensorFs {
             "fallback": b.fallback_summary().map(src),
             "mode": if self.direct_io() { "direct_io" } else { "page_cache" },
             "uptime_s": self.started.elapsed().as_secs(),
+            "tensor_formats": self.config.views.names(),
             "cache": {
                 "capacity": s.capacity, "bytes_used": s.bytes_used, "chunks": s.chunks,
+                "chunk_bytes": self.config.chunk_bytes, "pool_bytes": s.pool_bytes,
                 "hits": s.hits, "misses": s.misses, "waits": s.waits, "evictions": s.evictions,
                 "bytes_decoded": s.bytes_decoded, "decode_errors": s.decode_errors, "decodes_in_flight": s.in_flight,
             },
@@ -1294,10 +1328,20 @@ impl TensorFs {
                 "total": c.reads.load(Ordering::Relaxed),
                 "errors": c.read_errors.load(Ordering::Relaxed),
                 "bytes_served": c.bytes_served.load(Ordering::Relaxed),
+                "small_uncached": c.small_reads.load(Ordering::Relaxed),
             },
+            "prefetch": {
+                "threads": self.config.prefetch_threads,
+                "chunks_requested": self.prefetch.requested(),
+                "dropped": self.prefetch.dropped(),
+            },
+            "views": self.views.iter().map(|v| match &v.layout {
+                Ok(l) => json!({"name": v.view.name(), "dtype": v.view.format().dtype(), "size": l.size()}),
+                Err(why) => json!({"name": v.view.name(), "absent": why}),
+            }).collect::<Vec<_>>(),
             "jobs_dir": self.jobs.as_ref().map(|j| j.jobs_dir().display().to_string()),
             "jobs": self.jobs.as_ref().map_or(Value::Array(Vec::new()), |j| j.to_json()),
-            "last_error": self.last_ctl_error.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            "last_error": lock(&self.last_ctl_error).clone(),
         })
     }
 
@@ -1753,6 +1797,10 @@ mod tests {
         assert_eq!(fs.lookup(ROOT_INO, "nope.f32"), Err(libc::ENOENT));
         assert_eq!(fs.lookup(a.ino, "x"), Err(libc::ENOENT));
         assert_eq!(fs.getattr(CTL_INO).unwrap().perm, 0o600);
+        // ctl starts jobs with the daemon's rights: owned by the daemon's
+        // user, not by -o uid=.
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(fs.getattr(CTL_INO).unwrap().uid, unsafe { libc::geteuid() });
         assert_eq!(fs.getattr(ROOT_INO).unwrap().kind, Kind::Dir);
         let names: Vec<String> = fs
             .readdir(ROOT_INO)

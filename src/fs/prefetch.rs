@@ -80,7 +80,7 @@ impl Prefetcher {
 fn worker(rx: &Mutex<Receiver<(usize, u64)>>, shared: &Shared) {
     loop {
         // The lock is held only to take one request off the queue.
-        let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        let next = crate::cache::lock(rx).recv();
         let Ok((f, chunk)) = next else {
             return; // the filesystem was dropped
         };

@@ -544,6 +544,11 @@ pub fn safetensors_all(
     md: &Metadata,
     fmts: &[ElemFormat],
 ) -> Vec<Result<Built>> {
+    if fmts.is_empty() {
+        // Nothing to build; skip rendering the metadata (megabytes of JSON
+        // for a large vocabulary).
+        return Vec::new();
+    }
     let full = metadata_json(md, false);
     let mut summarized: Option<String> = None;
     fmts.iter()

@@ -19,6 +19,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fuser::{Config, Session};
@@ -392,6 +393,10 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     let log_file = prep.log_file.clone();
     let background = notify.is_some();
     let readahead_kb = prep.readahead_kb;
+    // Set when the mount never answered: it is then detached, and the
+    // daemon exits 1 instead of serving a mount nobody was told about.
+    let not_ready = Arc::new(AtomicBool::new(false));
+    let not_ready_flag = not_ready.clone();
     let ready = std::thread::Builder::new()
         .name("rknot-ready".into())
         .spawn(move || {
@@ -400,8 +405,10 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
             while std::fs::metadata(&probe).is_err() {
                 if Instant::now() > deadline {
                     let msg = format!("mount at {} did not answer within 30 s", mp.display());
-                    log::error!("{msg}");
+                    log::error!("{msg}; unmounting");
                     report(&mut notify, format!("ERR {msg}\n"));
+                    not_ready_flag.store(true, Ordering::SeqCst);
+                    lazy_unmount(&mp);
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(5));
@@ -432,6 +439,7 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     }
 
     match session.run() {
+        Ok(()) if not_ready.load(Ordering::SeqCst) => ExitCode::FAILURE,
         Ok(()) => {
             log::info!("unmounted {}; exiting", mountpoint.display());
             ExitCode::SUCCESS

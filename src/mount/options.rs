@@ -5,7 +5,7 @@ use fuser::{MountOption, SessionACL};
 use crate::fs::views::{ElemFormat, ViewSet};
 
 /// Everything `-o` can set.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MountOpts {
     pub acl: SessionACL,
     pub uid: Option<u32>,
@@ -22,28 +22,6 @@ pub struct MountOpts {
     pub jobs_dir: Option<String>,
     pub max_jobs: Option<usize>,
     pub no_jobs: bool,
-}
-
-impl Default for MountOpts {
-    fn default() -> Self {
-        MountOpts {
-            acl: SessionACL::Owner,
-            uid: None,
-            gid: None,
-            fsname: None,
-            direct_io: false,
-            cache_mb: None,
-            threads: None,
-            prefetch_threads: None,
-            readahead_kb: None,
-            chunk_kb: None,
-            dense: None,
-            views: None,
-            jobs_dir: None,
-            max_jobs: None,
-            no_jobs: false,
-        }
-    }
 }
 
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \

@@ -1,16 +1,25 @@
 //! Shared helpers for integration tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
+use rknot::backend::Backend;
 use sha2::{Digest, Sha256};
+
+/// Whether the environment variable `name` is set to something other than
+/// empty or "0" (the convention of RKNOT_REQUIRE_FUSE and
+/// RKNOT_REQUIRE_MODEL).
+pub fn env_flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
+}
 
 /// Where tools/fetch-smollm2.sh puts the standard test model.
 pub const SMOLLM2_REL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// The SmolLM2 GGUF, or `None` with a printed note when it is absent.
-/// With `RKNOT_REQUIRE_MODEL=1` (set by .ci/run) a missing model fails the
-/// test instead: CI must never skip the real-model checks silently.
+/// With `RKNOT_REQUIRE_MODEL=1` (set by tools/test.sh) a missing model fails
+/// the test instead: CI must never skip the real-model checks silently.
 pub fn smollm2() -> Option<PathBuf> {
     let p = std::env::var_os("RKNOT_SMOLLM2")
         .map(PathBuf::from)
@@ -18,7 +27,7 @@ pub fn smollm2() -> Option<PathBuf> {
     if p.is_file() {
         return Some(p);
     }
-    if std::env::var_os("RKNOT_REQUIRE_MODEL").is_some_and(|v| v != "0") {
+    if env_flag("RKNOT_REQUIRE_MODEL") {
         panic!(
             "SmolLM2 model required (RKNOT_REQUIRE_MODEL is set) but {} is missing; \
              run tools/fetch-smollm2.sh",
@@ -74,6 +83,48 @@ pub fn smollm2_reference() -> Vec<RefTensor> {
 
 pub fn rknot_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rknot"))
+}
+
+/// Run the `rknot` binary with `args` and collect its output.
+pub fn run_rknot(args: &[&str]) -> Output {
+    Command::new(rknot_bin()).args(args).output().unwrap()
+}
+
+/// A file of the demo model that ships in demo/.
+pub fn demo_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("demo")
+        .join(name)
+}
+
+/// Tensor `name` of `b`, decoded, as little-endian f32 bytes.
+pub fn decode_bytes(b: &dyn Backend, name: &str) -> Vec<u8> {
+    let i = b.find(name).unwrap();
+    let mut v = vec![0f32; b.tensors().entries()[i].n_elements as usize];
+    b.read_f32(i, 0, &mut v).unwrap();
+    f32_le_bytes(&v)
+}
+
+/// Run a Python script (`python3 -c`, from PATH) with arguments and return
+/// its stdout. `None` (the caller skips; a note is printed) when a module it
+/// needs is missing and RKNOT_REQUIRE_FUSE is not set; any other failure,
+/// or a missing module in CI, panics with the script's stderr.
+pub fn python(script: &str, args: &[&Path]) -> Option<String> {
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3");
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success() {
+        if err.contains("No module named") && !env_flag("RKNOT_REQUIRE_FUSE") {
+            eprintln!("NOTE: skipping: {}", err.lines().last().unwrap_or_default());
+            return None;
+        }
+        panic!("python3 failed:\n{err}");
+    }
+    Some(String::from_utf8(o.stdout).unwrap())
 }
 pub mod mount;
 

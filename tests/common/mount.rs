@@ -28,7 +28,7 @@ pub fn fuse_available() -> bool {
         let why = format!(
             "FUSE mount tests need root, /dev/fuse and fusermount3 (root {root}, /dev/fuse {dev}, fusermount3 {helper})"
         );
-        if std::env::var_os("RKNOT_REQUIRE_FUSE").is_some_and(|v| v != "0") {
+        if super::env_flag("RKNOT_REQUIRE_FUSE") {
             panic!("{why}; RKNOT_REQUIRE_FUSE is set, so this is a failure");
         }
         eprintln!("NOTE: skipping: {why}");
@@ -123,9 +123,13 @@ impl Mounted {
         None
     }
 
+    /// Send `sig` to the daemon; a no-op without a child (`pid()` is 0
+    /// then, and kill(0, sig) would signal the whole process group).
     pub fn signal(&self, sig: i32) {
-        // SAFETY: kill on our own child's pid.
-        unsafe { libc::kill(self.pid() as i32, sig) };
+        if let Some(c) = &self.child {
+            // SAFETY: kill on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
     }
 
     pub fn ctl(&self) -> String {
@@ -142,6 +146,83 @@ impl Drop for Mounted {
             {
                 let _ = c.kill();
                 let _ = c.wait();
+            }
+        }
+        if is_mounted(&self.mp) {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.mp)
+                .status();
+        }
+    }
+}
+
+/// The daemon's pid from what background mode prints on stdout
+/// ("serving ... (pid N; log ...)" or "(pid N)").
+pub fn background_pid(stdout: &str) -> Option<i32> {
+    let rest = stdout.split("(pid ").nth(1)?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn pid_alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state is the first field after the parenthesised command name.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or("");
+    !matches!(state, "Z" | "X" | "x")
+}
+
+/// Clean-up for a mount a test makes without [`Mounted`] (background mode,
+/// a daemon spawned by hand): on drop, also when an assertion failed, it
+/// stops the daemon `pid` if it is still alive (SIGTERM, then SIGKILL after
+/// 10 s) and lazily unmounts `mp` if it is still mounted. Declare it after
+/// the temporary directory holding `mp`, so it runs first.
+pub struct MountGuard {
+    pub mp: PathBuf,
+    pub pid: Option<i32>,
+}
+
+impl MountGuard {
+    pub fn new(mp: &Path, pid: Option<i32>) -> MountGuard {
+        // mountinfo lists canonical paths; canonicalize while `mp` is still
+        // a plain directory (a dead FUSE mount cannot be resolved).
+        let mp = mp.canonicalize().unwrap_or_else(|_| mp.to_path_buf());
+        MountGuard { mp, pid }
+    }
+
+    /// The daemon's pid, once known (e.g. from background mode's output).
+    pub fn set_pid(&mut self, pid: Option<i32>) {
+        self.pid = pid;
+    }
+
+    /// The daemon has exited and was reaped: drop must not signal its pid,
+    /// which may be reused.
+    pub fn exited(&mut self) {
+        self.pid = None;
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.filter(|&p| p > 0)
+            && pid_alive(pid)
+        {
+            // SAFETY: signalling the daemon this test started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while pid_alive(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if pid_alive(pid) {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
         if is_mounted(&self.mp) {
