@@ -16,6 +16,7 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod jobs;
+pub mod logging;
 pub mod mount;
 pub mod names;
 pub mod probe;
@@ -23,6 +24,7 @@ pub mod quant;
 pub mod report;
 pub mod source;
 pub mod synth;
+pub mod text;
 pub mod verify;
 
 pub use error::{Error, ErrorKind, Result};

@@ -191,13 +191,7 @@ pub fn default_log_file(mountpoint: &Path) -> PathBuf {
 }
 
 fn init_logging(target: Option<std::fs::File>) {
-    let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
-    b.format_timestamp_millis();
-    if let Some(f) = target {
-        b.target(env_logger::Target::Pipe(Box::new(f)));
-    }
-    // A second init (tests) is harmless.
-    let _ = b.try_init();
+    crate::logging::init("info", target);
 }
 
 /// Entry point of the `rknot-mount` binary.
