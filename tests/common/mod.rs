@@ -127,6 +127,7 @@ pub fn python(script: &str, args: &[&Path]) -> Option<String> {
     Some(String::from_utf8(o.stdout).unwrap())
 }
 pub mod mount;
+pub mod users;
 
 /// An SK32 with rank-8 sketches of a few SmolLM2 matrices (token_embd
 /// included: the layered backend must serve it from the fallback).
