@@ -11,7 +11,7 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, CTL_INO, Kind, TensorFs};
+use super::{Attr, CTL_INO, Caller, Kind, TensorFs};
 
 /// Attributes and entries of the tensor files and views never change during
 /// a mount, so the kernel may cache them for a long time (the live files,
@@ -51,6 +51,15 @@ fn file_attr(a: &Attr) -> FileAttr {
 
 fn errno(e: i32) -> Errno {
     Errno::from_i32(e)
+}
+
+/// The credentials of a request: what `ctl` authorises commands by.
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
 }
 
 impl FuseAdapter {
@@ -149,9 +158,11 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
-        match self.fs.open(ino.0, write) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let acc = flags.acc_mode();
+        let read = acc != OpenAccMode::O_WRONLY;
+        let write = acc != OpenAccMode::O_RDONLY;
+        match self.fs.open(ino.0, read, write, caller(req)) {
             Ok(m) => {
                 let mut f = FopenFlags::empty();
                 if m.keep_cache {
@@ -185,9 +196,9 @@ impl Filesystem for FuseAdapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
@@ -198,21 +209,26 @@ impl Filesystem for FuseAdapter {
         if ino.0 != CTL_INO {
             return reply.error(Errno::EROFS);
         }
-        match self.fs.write_ctl(data) {
+        match self.fs.write_ctl(fh.0, data, caller(req)) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(errno(e)),
         }
     }
 
+    /// Every `close()`: a `ctl` command written without a final newline
+    /// runs now, and its error is what `close()` returns.
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        match self.fs.flush(fh.0, caller(req)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
     }
 
     fn release(
@@ -251,21 +267,20 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.fs.readdir(ino.0) {
-            Ok(e) => e,
-            Err(e) => return reply.error(errno(e)),
-        };
-        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+        // Each call lists from `offset` until the reply is full; nothing is
+        // collected first, so a directory of many thousands of names costs
+        // no more per call than a small one.
+        let listed = self.fs.readdir(ino.0, offset, |next, ino, kind, name| {
             let kind = match kind {
                 Kind::Dir => FileType::Directory,
                 Kind::File => FileType::RegularFile,
             };
-            // The offset passed back is that of the *next* entry.
-            if reply.add(INodeNo(*ino), (i + 1) as u64, kind, name) {
-                break;
-            }
+            reply.add(INodeNo(ino), next, kind, name)
+        });
+        match listed {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
         }
-        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -282,6 +297,24 @@ impl Filesystem for FuseAdapter {
             Ok(_) => reply.error(Errno::from_i32(libc::ENODATA)),
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    /// Every `open()` from Python (isatty) and many tools asks for TCGETS:
+    /// answer "not a terminal" without logging (fuser's default logs three
+    /// lines per call).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {

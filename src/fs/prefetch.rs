@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
-use super::Shared;
+use super::read::Shared;
 use crate::cache::ChunkKey;
 
 const QUEUE_DEPTH: usize = 256;

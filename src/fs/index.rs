@@ -1,0 +1,285 @@
+//! `index.json`: every tensor (names, shape, stored type, source, sizes,
+//! its files), the model metadata (long arrays summarized) and the views.
+//!
+//! The document is served in pages, never held whole: its bytes are a head
+//! (everything before the tensor list), one element per tensor, and a tail.
+//! Only the head, the tail and the element offsets (8 bytes per tensor) are
+//! kept; a read renders just the tensor elements it overlaps. Rendering is
+//! deterministic, so every page agrees with the lengths measured at mount.
+
+use serde_json::{Value, json};
+
+use super::namespace::{Namespace, ViewFile, view_metadata};
+use super::views::{ElemFormat, ModelView};
+use crate::backend::{Backend, SourceSummary, TensorTable};
+use crate::error::Result;
+use crate::format::meta::{MetaValue, Metadata};
+use crate::report;
+
+/// Metadata arrays longer than this are summarized (a tokenizer's vocab
+/// would otherwise make index.json megabytes).
+const INDEX_ARRAY_LIMIT: usize = 1024;
+
+/// Stands in for the tensor list while the rest is rendered.
+const PLACEHOLDER: &str = "\u{1}rknot-tensor-list\u{1}";
+
+/// Each tensor element sits at depth 2 of the pretty-printed document.
+const ELEMENT_INDENT: &str = "    ";
+
+pub(super) struct IndexJson {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    /// `starts[i]`: offset of tensor element i (with its separator) from
+    /// the end of the head; `starts[n]` is where the tail begins.
+    starts: Vec<u64>,
+    formats: Vec<ElemFormat>,
+}
+
+/// The backend as `report::inspect_json` should see it for index.json:
+/// the same tensors and sources, with metadata arrays longer than
+/// INDEX_ARRAY_LIMIT emptied (index.json summarizes them). Converting a
+/// 150k-token vocabulary to JSON only to drop it cost ~50 ms of CPU on
+/// every mount of a 7B model.
+struct Lean<'a> {
+    inner: &'a dyn Backend,
+    summary: SourceSummary,
+    fallback: Option<SourceSummary>,
+}
+
+impl<'a> Lean<'a> {
+    fn new(inner: &'a dyn Backend) -> Self {
+        let lean = |s: &SourceSummary| SourceSummary {
+            format: s.format,
+            version: s.version,
+            path: s.path.clone(),
+            notes: s.notes.clone(),
+            metadata: Metadata {
+                entries: s
+                    .metadata
+                    .entries
+                    .iter()
+                    .map(|(k, v)| {
+                        let v = match v {
+                            MetaValue::Array { elem, values }
+                                if values.len() > INDEX_ARRAY_LIMIT =>
+                            {
+                                MetaValue::Array {
+                                    elem: *elem,
+                                    values: Vec::new(),
+                                }
+                            }
+                            other => other.clone(),
+                        };
+                        (k.clone(), v)
+                    })
+                    .collect(),
+            },
+        };
+        Lean {
+            inner,
+            summary: lean(inner.summary()),
+            fallback: inner.fallback_summary().map(lean),
+        }
+    }
+}
+
+impl Backend for Lean<'_> {
+    fn summary(&self) -> &SourceSummary {
+        &self.summary
+    }
+
+    fn fallback_summary(&self) -> Option<&SourceSummary> {
+        self.fallback.as_ref()
+    }
+
+    fn tensors(&self) -> &TensorTable {
+        self.inner.tensors()
+    }
+
+    fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
+        self.inner.read_f32(index, first_elem, out)
+    }
+}
+
+/// One tensor's entry: what `inspect --json` says, plus its file names in
+/// the mount (none when it is not served).
+fn tensor_value(b: &dyn Backend, i: usize, formats: &[ElemFormat], served: bool) -> Value {
+    let t = &b.tensors().entries()[i];
+    let mut v = report::tensor_json(t);
+    if served {
+        let mut files = Vec::new();
+        for fmt in formats {
+            files.push(format!("{}.{}", t.name.underscore, fmt.ext()));
+            if t.name.underscore != t.name.dot {
+                files.push(format!("{}.{}", t.name.dot, fmt.ext()));
+            }
+        }
+        v["files"] = json!(files);
+    }
+    v
+}
+
+/// Pretty JSON of one tensor element, indented for its depth, with the
+/// separator that follows it unless it is the last.
+fn render_element(v: &Value, last: bool) -> Vec<u8> {
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    let mut out = Vec::with_capacity(text.len() + 64);
+    for (n, line) in text.split('\n').enumerate() {
+        if n > 0 {
+            out.push(b'\n');
+        }
+        out.extend_from_slice(ELEMENT_INDENT.as_bytes());
+        out.extend_from_slice(line.as_bytes());
+    }
+    if !last {
+        out.extend_from_slice(b",\n");
+    }
+    crate::text::escape_json_text(String::from_utf8(out).unwrap_or_default()).into_bytes()
+}
+
+fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> Value {
+    let files: Vec<Value> = views
+        .iter()
+        .map(|vf| {
+            let mut e = json!({
+                "name": vf.view.name(),
+                "kind": match vf.view {
+                    ModelView::Gguf => "gguf",
+                    ModelView::Safetensors(_) => "safetensors",
+                },
+                "dtype": vf.view.format().dtype(),
+                "available": vf.layout.is_ok(),
+            });
+            match &vf.layout {
+                Ok(l) => {
+                    e["size"] = json!(l.size());
+                    e["header_bytes"] = json!(l.header().len());
+                    e["tensors"] = json!(l.segments().len());
+                }
+                Err(why) => e["unavailable_reason"] = json!(why),
+            }
+            if !vf.notes.is_empty() {
+                e["notes"] = json!(vf.notes);
+            }
+            e
+        })
+        .collect();
+    json!({
+        "tensor_formats": formats.iter().map(|f| f.ext()).collect::<Vec<_>>(),
+        "metadata_from": view_metadata(b).1,
+        "files": files,
+    })
+}
+
+impl IndexJson {
+    /// Measure the document for `b` as mounted with namespace `ns`.
+    pub(super) fn build(b: &dyn Backend, ns: &Namespace) -> IndexJson {
+        let mut v = report::inspect_json(&Lean::new(b));
+        // Lean emptied the long arrays; say what they were.
+        let full = report::effective_metadata(b);
+        if let Some(md) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            for (k, val) in &full.entries {
+                if let MetaValue::Array { elem, values } = val
+                    && values.len() > INDEX_ARRAY_LIMIT
+                    && let Some(slot) = md.get_mut(k)
+                {
+                    *slot = json!({
+                        "type": "array",
+                        "elem_type": elem.name(),
+                        "len": values.len(),
+                        "omitted": true,
+                    });
+                }
+            }
+        }
+        v["tensors"] = json!(PLACEHOLDER);
+        if !ns.unserved.is_empty() {
+            v["unserved"] = ns
+                .unserved
+                .iter()
+                .map(|(name, why)| json!({"name": name, "reason": why}))
+                .collect();
+        }
+        v["views"] = views_value(b, &ns.formats, &ns.views);
+        v["version"] = json!(env!("CARGO_PKG_VERSION"));
+        let mut doc = serde_json::to_string_pretty(&v).unwrap_or_default();
+        doc.push('\n');
+        let doc = crate::text::escape_json_text(doc);
+        let marker = serde_json::to_string(PLACEHOLDER).unwrap_or_default();
+        let n = b.tensors().len();
+        let (head, tail) = match doc.split_once(&marker) {
+            Some((h, t)) if n > 0 => (format!("{h}[\n"), format!("\n  ]{t}")),
+            Some((h, t)) => (format!("{h}[]"), t.to_string()),
+            None => (doc, String::new()),
+        };
+        let mut starts = Vec::with_capacity(n + 1);
+        let mut at = 0u64;
+        for i in 0..n {
+            starts.push(at);
+            let e = tensor_value(b, i, &ns.formats, ns.is_served(i));
+            at += render_element(&e, i + 1 == n).len() as u64;
+        }
+        starts.push(at);
+        IndexJson {
+            head: head.into_bytes(),
+            tail: tail.into_bytes(),
+            starts,
+            formats: ns.formats.clone(),
+        }
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.head.len() as u64 + self.starts.last().copied().unwrap_or(0) + self.tail.len() as u64
+    }
+
+    /// Bytes `[offset, offset + size)` of the document.
+    pub(super) fn read(&self, b: &dyn Backend, ns: &Namespace, offset: u64, size: u32) -> Vec<u8> {
+        let end = self.len().min(offset.saturating_add(u64::from(size)));
+        let mut out = Vec::new();
+        if offset >= end {
+            return out;
+        }
+        let head_len = self.head.len() as u64;
+        let list_len = self.starts.last().copied().unwrap_or(0);
+        // Head.
+        if offset < head_len {
+            out.extend_from_slice(&self.head[offset as usize..end.min(head_len) as usize]);
+        }
+        // Tensor elements overlapping [offset, end) (list-relative).
+        let (lo, hi) = (
+            offset.saturating_sub(head_len),
+            end.saturating_sub(head_len).min(list_len),
+        );
+        if lo < hi {
+            let n = self.starts.len() - 1;
+            // First element whose end is past `lo`.
+            let first = self.starts[1..].partition_point(|&e| e <= lo);
+            for i in first..n {
+                let (s, e) = (self.starts[i], self.starts[i + 1]);
+                if s >= hi {
+                    break;
+                }
+                let bytes = render_element(
+                    &tensor_value(b, i, &self.formats, ns.is_served(i)),
+                    i + 1 == n,
+                );
+                let a = lo.max(s) - s;
+                let z = hi.min(e) - s;
+                // Rendering is deterministic; guard anyway so a mismatch
+                // can never index out of bounds.
+                let z = z.min(bytes.len() as u64);
+                if a < z {
+                    out.extend_from_slice(&bytes[a as usize..z as usize]);
+                }
+            }
+        }
+        // Tail.
+        let tail_start = head_len + list_len;
+        if end > tail_start {
+            let a = offset.max(tail_start) - tail_start;
+            let z = end - tail_start;
+            out.extend_from_slice(&self.tail[a as usize..z as usize]);
+        }
+        out
+    }
+}

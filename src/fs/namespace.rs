@@ -1,0 +1,542 @@
+//! What the mount shows: inodes, names, attributes, directory listings.
+//!
+//! Nothing here holds a string per file: a tensor file's name is its
+//! tensor's name (from the backend's table) plus the format's extension,
+//! looked up through the table's name index and listed by position, so a
+//! model with tens of thousands of tensors costs a few bytes per tensor
+//! (an `ls` of it pages through positions, it never clones a listing).
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use super::views::{self, ElemFormat, FORMAT_INO_STRIDE, Layout, ModelView, ViewTensor};
+use super::{
+    Attr, CTL_INO, CTL_JSON_INO, CTL_JSON_NAME, CTL_NAME, FIRST_TENSOR_INO, FsConfig, INDEX_INO,
+    INDEX_NAME, JOB_INO_BASE, JOBS_DIR_INO, JOBS_DIR_NAME, Kind, ROOT_INO, StatFs, TensorFs,
+};
+use crate::backend::{Availability, Backend, TensorInfo};
+use crate::format::meta::Metadata;
+
+/// Largest file size `stat` can report (`st_size` is a signed 64-bit
+/// number): a tensor or view larger than this is not offered.
+pub const MAX_FILE_BYTES: u64 = i64::MAX as u64;
+
+/// One served tensor: its files in every format share this.
+pub(crate) struct TensorFile {
+    /// Index in the backend's table.
+    pub(super) index: usize,
+    pub(super) n_elements: u64,
+    pub(super) chunk_elems: u64,
+    pub(super) mtime: SystemTime,
+    pub(super) nlink: u32,
+}
+
+impl TensorFile {
+    /// Size of this tensor's file in `fmt`.
+    pub(super) fn bytes(&self, fmt: ElemFormat) -> u64 {
+        self.n_elements * fmt.bytes()
+    }
+}
+
+/// One whole-model view (`model.safetensors`, ...): its layout when it is
+/// offered, or why it is not.
+pub(super) struct ViewFile {
+    pub(super) view: ModelView,
+    pub(super) layout: std::result::Result<Layout, String>,
+    pub(super) notes: Vec<String>,
+}
+
+/// What an inode with tensor bytes is.
+pub(super) enum Node<'a> {
+    /// Tensor file `f` served in `fmt`.
+    Tensor {
+        f: usize,
+        fmt: ElemFormat,
+    },
+    View(&'a ViewFile, &'a Layout),
+}
+
+/// The namespace of one mount.
+pub(super) struct Namespace {
+    /// Tensor formats served, f32 first.
+    pub(super) formats: Vec<ElemFormat>,
+    /// The requested model views, offered or not, in listing order.
+    pub(super) views: Vec<ViewFile>,
+    /// Root entries that are not tensor files, in listing order.
+    fixed: Vec<(&'static str, u64)>,
+    /// Backend table index -> tensor file number, for served tensors.
+    file_of: Vec<Option<usize>>,
+    /// Available tensors that get no file, and why (index.json lists them).
+    pub(super) unserved: Vec<(String, String)>,
+    pub(super) root_mtime: SystemTime,
+    /// Newest of the source files: the model views mix them.
+    pub(super) views_mtime: SystemTime,
+    jobs: bool,
+}
+
+fn mtime_of(path: &Path) -> SystemTime {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Chunk length in elements for a tensor: a whole number of the backend's
+/// decode granules when a granule fits in a chunk, so chunk edges do not
+/// split a granule.
+fn chunk_elems_for(granule: u64, chunk_bytes: u64) -> u64 {
+    let target = (chunk_bytes / 4).max(1);
+    if granule > 0 && granule <= target {
+        target / granule * granule
+    } else {
+        target
+    }
+}
+
+/// Inode of tensor file `f` in format `fmt` (module docs of `fs`).
+pub fn tensor_ino(f: usize, fmt: ElemFormat) -> u64 {
+    FIRST_TENSOR_INO + f as u64 + fmt.ordinal() * FORMAT_INO_STRIDE
+}
+
+/// The served tensors (available, and small enough for `stat`) as files,
+/// and the available ones left out with the reason.
+pub(super) fn tensor_files(
+    b: &dyn Backend,
+    config: &FsConfig,
+) -> (Vec<TensorFile>, Vec<(String, String)>) {
+    let mut files = Vec::new();
+    let mut unserved = Vec::new();
+    for (i, t) in b.tensors().entries().iter().enumerate() {
+        if !t.is_available() {
+            continue;
+        }
+        // n_elements * 4 fits u64 (TensorTable::push checks it).
+        if t.served_bytes() > MAX_FILE_BYTES {
+            unserved.push((
+                t.name.dot.clone(),
+                format!(
+                    "its {} bytes of f32 exceed the largest file size stat can report \
+                     (2^63 - 1 bytes)",
+                    t.served_bytes()
+                ),
+            ));
+            continue;
+        }
+        files.push(TensorFile {
+            index: i,
+            n_elements: t.n_elements,
+            chunk_elems: chunk_elems_for(t.granule, config.chunk_bytes),
+            mtime: mtime_of(&t.origin.path),
+            nlink: if t.name.dot == t.name.underscore {
+                1
+            } else {
+                2
+            },
+        });
+    }
+    (files, unserved)
+}
+
+/// The key/values the model views carry, and whose they are: the dense
+/// fallback's when there is one (it is the complete model file), unless it
+/// has none; else the source's.
+pub(super) fn view_metadata(b: &dyn Backend) -> (&Metadata, &'static str) {
+    match b.fallback_summary() {
+        Some(f) if !f.metadata.is_empty() => (&f.metadata, "fallback"),
+        _ => (&b.summary().metadata, "source"),
+    }
+}
+
+/// Build the model views `requested` from shapes and metadata (no tensor is
+/// decoded). A view that cannot be offered records why.
+pub(super) fn build_views(
+    b: &dyn Backend,
+    files: &[TensorFile],
+    requested: &[ModelView],
+) -> Vec<ViewFile> {
+    let entries = b.tensors().entries();
+    let tensors: Vec<ViewTensor> = files
+        .iter()
+        .enumerate()
+        .map(|(f, tf)| {
+            let t = &entries[tf.index];
+            ViewTensor {
+                file: f,
+                name: &t.name.dot,
+                shape: &t.shape,
+                n_elements: t.n_elements,
+            }
+        })
+        .collect();
+    let unavailable: Vec<&TensorInfo> = entries.iter().filter(|t| !t.is_available()).collect();
+    let (md, _) = view_metadata(b);
+    let st_formats: Vec<ElemFormat> = requested
+        .iter()
+        .filter_map(|v| match v {
+            ModelView::Safetensors(f) => Some(*f),
+            ModelView::Gguf => None,
+        })
+        .collect();
+    // In `requested` order.
+    let mut st = views::safetensors_all(&tensors, md, &st_formats).into_iter();
+    let mut out = Vec::new();
+    for &view in requested {
+        let built = match view {
+            ModelView::Safetensors(_) => match st.next() {
+                Some(r) => r.map_err(|e| e.to_string()),
+                None => Err("internal error: safetensors view not built".to_string()),
+            },
+            ModelView::Gguf => gguf_refusal(md, &tensors, &unavailable)
+                .map_or_else(|| views::gguf(&tensors, md).map_err(|e| e.to_string()), Err),
+        };
+        let mut notes = Vec::new();
+        if !unavailable.is_empty() && view != ModelView::Gguf {
+            notes.push(format!(
+                "{} unavailable tensor(s) left out: {}",
+                unavailable.len(),
+                name_list(&unavailable)
+            ));
+        }
+        let layout = built.map(|b| {
+            notes.extend(b.notes);
+            b.layout
+        });
+        if let Err(why) = &layout {
+            log::info!("{} is not offered: {why}", view.name());
+        }
+        out.push(ViewFile {
+            view,
+            layout,
+            notes,
+        });
+    }
+    out
+}
+
+fn name_list(ts: &[&TensorInfo]) -> String {
+    let mut names: Vec<&str> = ts.iter().take(8).map(|t| t.name.dot.as_str()).collect();
+    if ts.len() > 8 {
+        names.push("...");
+    }
+    names.join(", ")
+}
+
+/// Why `model.gguf` cannot be offered, if it cannot: llama.cpp needs the
+/// run metadata and every tensor.
+fn gguf_refusal(
+    md: &Metadata,
+    tensors: &[ViewTensor],
+    unavailable: &[&TensorInfo],
+) -> Option<String> {
+    let missing = views::gguf_missing_keys(md);
+    if !missing.is_empty() {
+        let hint = if md.is_empty() {
+            " (the source carries no model key/values, e.g. a bare SK32: mount it with \
+             --dense MODEL.gguf)"
+        } else {
+            ""
+        };
+        return Some(format!(
+            "the model metadata lacks {}, which llama.cpp needs to load the model{hint}",
+            missing.join(", ")
+        ));
+    }
+    if let Some(first) = unavailable.first() {
+        let why = match &first.availability {
+            Availability::Unavailable(w) => w.as_str(),
+            Availability::Available => "",
+        };
+        return Some(format!(
+            "{} tensor(s) cannot be served ({}: {why}) and llama.cpp needs every tensor",
+            unavailable.len(),
+            name_list(unavailable)
+        ));
+    }
+    let names: Vec<&str> = tensors.iter().map(|t| t.name).collect();
+    let missing = views::gguf_missing_tensors(md, &names);
+    if !missing.is_empty() {
+        return Some(format!(
+            "the served tensors lack {}, which llama.cpp needs to build the model (a \
+             compressed file alone carries only what it compresses: mount it with \
+             --dense MODEL.gguf)",
+            missing.join(" and ")
+        ));
+    }
+    None
+}
+
+impl Namespace {
+    pub(super) fn new(
+        b: &dyn Backend,
+        files: &[TensorFile],
+        unserved: Vec<(String, String)>,
+        formats: Vec<ElemFormat>,
+        views: Vec<ViewFile>,
+        jobs: bool,
+    ) -> Namespace {
+        let mut fixed = vec![(INDEX_NAME, INDEX_INO), (CTL_NAME, CTL_INO)];
+        if jobs {
+            fixed.push((CTL_JSON_NAME, CTL_JSON_INO));
+            fixed.push((JOBS_DIR_NAME, JOBS_DIR_INO));
+        }
+        for v in views.iter().filter(|v| v.layout.is_ok()) {
+            fixed.push((v.view.name(), v.view.ino()));
+        }
+        let mut file_of = vec![None; b.tensors().len()];
+        for (f, tf) in files.iter().enumerate() {
+            file_of[tf.index] = Some(f);
+        }
+        let root_mtime = mtime_of(&b.summary().path);
+        let views_mtime = b
+            .fallback_summary()
+            .map_or(root_mtime, |f| root_mtime.max(mtime_of(&f.path)));
+        Namespace {
+            formats,
+            views,
+            fixed,
+            file_of,
+            unserved,
+            root_mtime,
+            views_mtime,
+            jobs,
+        }
+    }
+
+    /// Whether tensor `index` of the backend's table has files.
+    pub(super) fn is_served(&self, index: usize) -> bool {
+        self.file_of.get(index).is_some_and(Option::is_some)
+    }
+
+    /// Offered model views.
+    pub(super) fn offered_views(&self) -> impl Iterator<Item = (&ViewFile, &Layout)> {
+        self.views
+            .iter()
+            .filter_map(|v| v.layout.as_ref().ok().map(|l| (v, l)))
+    }
+
+    /// Listing position of the first tensor file name.
+    fn first_tensor_slot(&self) -> u64 {
+        2 + self.fixed.len() as u64
+    }
+
+    /// Listing slots per tensor file: two names (underscore, dot) per format.
+    fn slots_per_file(&self) -> u64 {
+        2 * self.formats.len() as u64
+    }
+}
+
+impl TensorFs {
+    /// The tensor file or offered model view behind an inode.
+    pub(super) fn node(&self, ino: u64) -> Option<Node<'_>> {
+        if let Some(v) = self.ns.views.iter().find(|v| v.view.ino() == ino) {
+            return v.layout.as_ref().ok().map(|l| Node::View(v, l));
+        }
+        let fmt = ElemFormat::from_ordinal(ino / FORMAT_INO_STRIDE)?;
+        if !self.ns.formats.contains(&fmt) {
+            return None;
+        }
+        let f = usize::try_from((ino % FORMAT_INO_STRIDE).checked_sub(FIRST_TENSOR_INO)?).ok()?;
+        (f < self.shared.files.len()).then_some(Node::Tensor { f, fmt })
+    }
+
+    pub fn getattr(&self, ino: u64) -> std::result::Result<Attr, i32> {
+        let base = Attr {
+            ino,
+            size: 0,
+            kind: Kind::File,
+            perm: 0o444,
+            nlink: 1,
+            uid: self.config.uid,
+            gid: self.config.gid,
+            mtime: self.ns.root_mtime,
+        };
+        // Live files: size 0, read with direct I/O (like /proc), owned by
+        // the daemon's user (they are its control interface, see ctl.rs).
+        let live = Attr {
+            uid: self.ctl.owner.0,
+            gid: self.ctl.owner.1,
+            mtime: SystemTime::now(),
+            ..base
+        };
+        match ino {
+            ROOT_INO => Ok(Attr {
+                kind: Kind::Dir,
+                perm: 0o555,
+                nlink: 2,
+                ..base
+            }),
+            INDEX_INO => Ok(Attr {
+                size: self.index.len(),
+                ..base
+            }),
+            CTL_INO => Ok(Attr {
+                perm: 0o600,
+                ..live
+            }),
+            CTL_JSON_INO if self.ns.jobs => Ok(live),
+            JOBS_DIR_INO if self.ns.jobs => Ok(Attr {
+                kind: Kind::Dir,
+                perm: 0o555,
+                nlink: 2,
+                ..live
+            }),
+            _ if self.job_of(ino).is_some() => Ok(live),
+            _ => match self.node(ino).ok_or(libc::ENOENT)? {
+                Node::Tensor { f, fmt } => {
+                    let file = &self.shared.files[f];
+                    Ok(Attr {
+                        size: file.bytes(fmt),
+                        nlink: file.nlink,
+                        mtime: file.mtime,
+                        ..base
+                    })
+                }
+                Node::View(_, l) => Ok(Attr {
+                    size: l.size(),
+                    mtime: self.ns.views_mtime,
+                    ..base
+                }),
+            },
+        }
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> std::result::Result<Attr, i32> {
+        if parent == JOBS_DIR_INO && self.ns.jobs {
+            let id: u64 = name.parse().map_err(|_| libc::ENOENT)?;
+            return self.getattr(JOB_INO_BASE.checked_add(id).ok_or(libc::ENOENT)?);
+        }
+        if parent != ROOT_INO {
+            return Err(libc::ENOENT);
+        }
+        if let Some(&(_, ino)) = self.ns.fixed.iter().find(|(n, _)| *n == name) {
+            return self.getattr(ino);
+        }
+        // `<tensor name>.<ext>`, in exactly the two listed spellings.
+        let (stem, ext) = name.rsplit_once('.').ok_or(libc::ENOENT)?;
+        let fmt = ElemFormat::from_ext(ext)
+            .filter(|f| self.ns.formats.contains(f))
+            .ok_or(libc::ENOENT)?;
+        let table = self.shared.backend.tensors();
+        let index = table.get(stem).ok_or(libc::ENOENT)?;
+        let t = &table.entries()[index];
+        if stem != t.name.dot && stem != t.name.underscore {
+            return Err(libc::ENOENT);
+        }
+        let f = self.ns.file_of[index].ok_or(libc::ENOENT)?;
+        self.getattr(tensor_ino(f, fmt))
+    }
+
+    /// List directory `ino` from position `offset` (0: the start), calling
+    /// `add(next_offset, ino, kind, name)` for each entry until it returns
+    /// true (the reply is full). Positions are stable for the life of the
+    /// mount, so a listing read in several calls is consistent.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, Kind, &str) -> bool,
+    ) -> std::result::Result<(), i32> {
+        if ino == JOBS_DIR_INO && self.ns.jobs {
+            // Positions: 0 ".", 1 "..", 2 + id for job `id`.
+            if offset == 0 && add(1, JOBS_DIR_INO, Kind::Dir, ".") {
+                return Ok(());
+            }
+            if offset <= 1 && add(2, ROOT_INO, Kind::Dir, "..") {
+                return Ok(());
+            }
+            if let Some(jobs) = &self.jobs {
+                for j in jobs.jobs() {
+                    let pos = j.id.saturating_add(2);
+                    if pos >= offset
+                        && add(pos + 1, JOB_INO_BASE + j.id, Kind::File, &j.id.to_string())
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+            return Ok(());
+        }
+        if ino != ROOT_INO {
+            return Err(if self.getattr(ino).is_ok() {
+                libc::ENOTDIR
+            } else {
+                libc::ENOENT
+            });
+        }
+        let mut pos = offset;
+        if pos == 0 {
+            if add(1, ROOT_INO, Kind::Dir, ".") {
+                return Ok(());
+            }
+            pos = 1;
+        }
+        if pos == 1 {
+            if add(2, ROOT_INO, Kind::Dir, "..") {
+                return Ok(());
+            }
+            pos = 2;
+        }
+        let first = self.ns.first_tensor_slot();
+        while pos < first {
+            let (name, ino) = self.ns.fixed[(pos - 2) as usize];
+            let kind = if ino == JOBS_DIR_INO {
+                Kind::Dir
+            } else {
+                Kind::File
+            };
+            if add(pos + 1, ino, kind, name) {
+                return Ok(());
+            }
+            pos += 1;
+        }
+        let per_file = self.ns.slots_per_file();
+        let table = self.shared.backend.tensors().entries();
+        let mut name = String::new();
+        loop {
+            let slot = pos - first;
+            let f = (slot / per_file) as usize;
+            let Some(file) = self.shared.files.get(f) else {
+                return Ok(());
+            };
+            let k = ((slot % per_file) / 2) as usize;
+            let dot = slot % 2 == 1;
+            let t = &table[file.index];
+            let fmt = self.ns.formats[k];
+            // The underscore slot is empty when both spellings are equal.
+            if dot || t.name.underscore != t.name.dot {
+                name.clear();
+                name.push_str(if dot { &t.name.dot } else { &t.name.underscore });
+                name.push('.');
+                name.push_str(fmt.ext());
+                if add(pos + 1, tensor_ino(f, fmt), Kind::File, &name) {
+                    return Ok(());
+                }
+            }
+            pos += 1;
+        }
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let per_elem: u64 = self.ns.formats.iter().map(|f| f.bytes()).sum();
+        let tensors = self.shared.files.iter().fold(0u64, |a, f| {
+            a.saturating_add(f.n_elements.saturating_mul(per_elem))
+        });
+        let served = self
+            .ns
+            .offered_views()
+            .fold(tensors, |a, (_, l)| a.saturating_add(l.size()));
+        StatFs {
+            blocks: served.div_ceil(4096),
+            files: 3
+                + (self.shared.files.len() * self.ns.formats.len()) as u64
+                + self.ns.offered_views().count() as u64,
+            bsize: 4096,
+            namelen: 255,
+        }
+    }
+
+    /// Number of tensor file names (both spellings, every format).
+    pub(super) fn n_tensor_names(&self) -> usize {
+        let per_format: usize = self.shared.files.iter().map(|f| f.nlink as usize).sum();
+        per_format * self.ns.formats.len()
+    }
+}

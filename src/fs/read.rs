@@ -1,0 +1,375 @@
+//! The read path: tensor files and model views, served from the decoded
+//! chunk cache.
+//!
+//! A read of tensor file `f` in format `fmt` maps its byte range to the
+//! elements it covers, then:
+//! - a small read (<= [`SMALL_READ_BYTES`]) that misses the cache and does
+//!   not continue a sequential stream decodes only its own elements,
+//!   uncached (a random 4 KiB read must not pay for a whole chunk);
+//! - otherwise each chunk comes from [`BlockCache::get_or_decode`]; a range
+//!   inside one f32 chunk is replied straight from it (no copy), anything
+//!   else is assembled, converting f32 to f16/bf16 as it is copied.
+//!
+//! A view read maps its range to header bytes, zero padding and tensor
+//! ranges ([`Layout::pieces`]) and serves each tensor range as above.
+//! Sequential readers (per open file handle) get read-ahead: the chunks
+//! after their position are decoded by [`super::prefetch`] threads.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::namespace::{Node, TensorFile};
+use super::views::{self, ElemFormat, Layout, Piece};
+use super::{ReadData, SMALL_READ_BYTES, TensorFs};
+use crate::backend::Backend;
+use crate::cache::{BlockCache, Chunk, ChunkKey, lock};
+use crate::error::Result;
+
+/// Everything the read path shares with the prefetch threads.
+pub(crate) struct Shared {
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) cache: BlockCache,
+    pub(super) files: Vec<TensorFile>,
+}
+
+impl Shared {
+    /// Decode chunk `chunk` of tensor file `f` through the cache.
+    pub(super) fn chunk(&self, f: usize, chunk: u64) -> Result<Chunk> {
+        let file = &self.files[f];
+        let key = ChunkKey {
+            tensor: f as u32,
+            chunk,
+        };
+        let first = chunk * file.chunk_elems;
+        let len = file.chunk_elems.min(file.n_elements.saturating_sub(first)) as usize;
+        self.cache
+            .get_or_decode(key, len, |buf| self.decode(f, first, buf))
+    }
+
+    /// Decode elements `[first, first + out.len())` of tensor file `f`.
+    /// Every decode of the read path comes through here, so a decoder panic
+    /// (a bug) fails this one read with EIO instead of killing a FUSE
+    /// worker thread, which would end the session.
+    fn decode(&self, f: usize, first: u64, out: &mut [f32]) -> Result<()> {
+        let index = self.files[f].index;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.backend.read_f32(index, first, out)
+        }))
+        .unwrap_or_else(|_| {
+            Err(crate::Error::new(
+                crate::error::ErrorKind::BadValue,
+                "internal error: decoder panicked",
+            ))
+        })
+    }
+}
+
+/// Read counters reported by `ctl`.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) reads: AtomicU64,
+    pub(super) read_errors: AtomicU64,
+    pub(super) reads_in_flight: AtomicU64,
+    pub(super) small_reads: AtomicU64,
+    pub(super) bytes_served: AtomicU64,
+}
+
+/// Read-ahead state of one open tensor or view file handle.
+#[derive(Debug, Default)]
+pub(super) struct Stream {
+    next_offset: u64,
+    window: u64,
+    /// The last chunk handed to the prefetcher for this stream: later reads
+    /// request only the chunks after it, so chunks still queued are not
+    /// queued again.
+    last_requested: Option<(usize, u64)>,
+}
+
+/// Open tensor and view files: one [`Stream`] per file handle.
+#[derive(Default)]
+pub(super) struct Streams {
+    by_fh: Mutex<HashMap<u64, Stream>>,
+}
+
+impl Streams {
+    pub(super) fn open(&self, fh: u64) {
+        lock(&self.by_fh).insert(fh, Stream::default());
+    }
+
+    pub(super) fn release(&self, fh: u64) {
+        lock(&self.by_fh).remove(&fh);
+    }
+
+    fn is_sequential(&self, fh: u64, offset: u64) -> bool {
+        lock(&self.by_fh)
+            .get(&fh)
+            .is_some_and(|h| h.next_offset == offset && offset > 0)
+    }
+}
+
+impl TensorFs {
+    /// Serve `[offset, offset + size)` of tensor file or view `node`.
+    /// Errors are counted and logged (rate-limited per file) and become
+    /// the error's errno.
+    pub(super) fn read_node(
+        &self,
+        node: &Node<'_>,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> std::result::Result<ReadData, i32> {
+        let c = &self.counters;
+        c.reads.fetch_add(1, Ordering::Relaxed);
+        c.reads_in_flight.fetch_add(1, Ordering::Relaxed);
+        let r = match node {
+            Node::Tensor { f, fmt } => self.read_tensor(*f, *fmt, fh, offset, size),
+            Node::View(_, l) => self.read_view(l, fh, offset, size),
+        };
+        c.reads_in_flight.fetch_sub(1, Ordering::Relaxed);
+        match r {
+            Ok(d) => {
+                c.bytes_served
+                    .fetch_add(d.bytes().len() as u64, Ordering::Relaxed);
+                Ok(d)
+            }
+            Err(e) => {
+                c.read_errors.fetch_add(1, Ordering::Relaxed);
+                let what = match node {
+                    Node::Tensor { f, fmt } => format!("{}.{}", self.tensor_name(*f), fmt.ext()),
+                    Node::View(v, _) => v.view.name().to_string(),
+                };
+                // One line per file and kind of error per window: a reader
+                // retrying a bad block must not flood the log.
+                crate::logging::throttled(
+                    log::Level::Error,
+                    &format!("read error {what} {:?}", e.kind()),
+                    format_args!("read of {size} bytes at {offset} of {what}: {e}"),
+                );
+                Err(e.errno())
+            }
+        }
+    }
+
+    pub(super) fn tensor_name(&self, f: usize) -> &str {
+        let i = self.shared.files[f].index;
+        &self.shared.backend.tensors().entries()[i].name.dot
+    }
+
+    /// Whether a read of bytes `[lo, hi)` of tensor file `f` in `fmt` at
+    /// file offset `offset` should decode only its own elements, uncached:
+    /// a small read that is not continuing a sequential stream and whose
+    /// chunk is not cached. A random 4 KiB read must not pay for a whole
+    /// chunk.
+    fn small_read(
+        &self,
+        f: usize,
+        fmt: ElemFormat,
+        fh: u64,
+        offset: u64,
+        lo: u64,
+        hi: u64,
+    ) -> bool {
+        let file = &self.shared.files[f];
+        let bpe = fmt.bytes();
+        let (c0, c1) = (
+            lo / bpe / file.chunk_elems,
+            (hi - 1) / bpe / file.chunk_elems,
+        );
+        hi - lo <= SMALL_READ_BYTES
+            && c0 == c1
+            && !self.streams.is_sequential(fh, offset)
+            && !self.shared.cache.is_present(ChunkKey {
+                tensor: f as u32,
+                chunk: c0,
+            })
+    }
+
+    fn read_tensor(
+        &self,
+        f: usize,
+        fmt: ElemFormat,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<ReadData> {
+        let len = self.shared.files[f].bytes(fmt);
+        if offset >= len || size == 0 {
+            return Ok(ReadData::Owned(Vec::new()));
+        }
+        let end = len.min(offset.saturating_add(u64::from(size)));
+        let small = self.small_read(f, fmt, fh, offset, offset, end);
+        let data = self.tensor_range(f, fmt, offset, end, small)?;
+        let whole = [views::Segment {
+            start: 0,
+            len,
+            file: f,
+        }];
+        self.after_read(fh, offset, end, &whole, fmt);
+        Ok(data)
+    }
+
+    fn read_view(&self, l: &Layout, fh: u64, offset: u64, size: u32) -> Result<ReadData> {
+        if offset >= l.size() || size == 0 {
+            return Ok(ReadData::Owned(Vec::new()));
+        }
+        let end = l.size().min(offset.saturating_add(u64::from(size)));
+        let pieces = l.pieces(offset, end);
+        let data = match pieces.as_slice() {
+            // Inside one tensor: the tensor files' path (zero-copy from a
+            // chunk for f32, the small-read rule).
+            [Piece::Tensor { seg, range }] => {
+                let f = l.segments()[*seg].file;
+                let small = self.small_read(f, l.fmt(), fh, offset, range.start, range.end);
+                self.tensor_range(f, l.fmt(), range.start, range.end, small)?
+            }
+            _ => {
+                let mut out = Vec::with_capacity((end - offset) as usize);
+                for p in pieces {
+                    match p {
+                        Piece::Header(r) => out.extend_from_slice(&l.header()[r]),
+                        Piece::Zeros(n) => out.resize(out.len() + n, 0),
+                        Piece::Tensor { seg, range } => self.append_tensor(
+                            l.segments()[seg].file,
+                            l.fmt(),
+                            range.start,
+                            range.end,
+                            &mut out,
+                        )?,
+                    }
+                }
+                ReadData::Owned(out)
+            }
+        };
+        self.after_read(fh, offset, end, l.segments(), l.fmt());
+        Ok(data)
+    }
+
+    /// Bytes `[lo, hi)` (non-empty, within the tensor) of tensor file `f`
+    /// encoded as `fmt`.
+    fn tensor_range(
+        &self,
+        f: usize,
+        fmt: ElemFormat,
+        lo: u64,
+        hi: u64,
+        small: bool,
+    ) -> Result<ReadData> {
+        let file = &self.shared.files[f];
+        let bpe = fmt.bytes();
+        let (e0, e1) = (lo / bpe, hi.div_ceil(bpe));
+        if small {
+            self.counters.small_reads.fetch_add(1, Ordering::Relaxed);
+            let mut vals = vec![0f32; (e1 - e0) as usize];
+            self.shared.decode(f, e0, &mut vals)?;
+            let skip = (lo - e0 * bpe) as usize;
+            let take = (hi - lo) as usize;
+            if fmt == ElemFormat::F32 {
+                // Replied straight from the decoded values, like a chunk.
+                return Ok(ReadData::Chunk(Arc::new(vals), skip..skip + take));
+            }
+            let mut out = Vec::with_capacity(take);
+            views::encode_into(fmt, &vals, skip, take, &mut out);
+            return Ok(ReadData::Owned(out));
+        }
+        let (c0, c1) = (e0 / file.chunk_elems, (e1 - 1) / file.chunk_elems);
+        if fmt == ElemFormat::F32 && c0 == c1 {
+            // A range inside one chunk is replied straight from it.
+            let chunk = self.shared.chunk(f, c0)?;
+            let base = c0 * file.chunk_elems * 4;
+            return Ok(ReadData::Chunk(
+                chunk,
+                (lo - base) as usize..(hi - base) as usize,
+            ));
+        }
+        let mut out = Vec::with_capacity((hi - lo) as usize);
+        self.append_tensor(f, fmt, lo, hi, &mut out)?;
+        Ok(ReadData::Owned(out))
+    }
+
+    /// Append bytes `[lo, hi)` of tensor file `f` encoded as `fmt` to
+    /// `out`, from the cached chunks that cover them.
+    fn append_tensor(
+        &self,
+        f: usize,
+        fmt: ElemFormat,
+        lo: u64,
+        hi: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let file = &self.shared.files[f];
+        let bpe = fmt.bytes();
+        let ce = file.chunk_elems;
+        let (e0, e1) = (lo / bpe, hi.div_ceil(bpe));
+        for c in e0 / ce..=(e1 - 1) / ce {
+            let chunk = self.shared.chunk(f, c)?;
+            let base = c * ce;
+            // Elements of this chunk inside [e0, e1), chunk-relative.
+            let a = e0.max(base) - base;
+            let b = e1.min(base + chunk.len() as u64) - base;
+            // Their encoded bytes start at (base + a) * bpe; take only [lo, hi).
+            let first_byte = (base + a) * bpe;
+            let skip = lo.saturating_sub(first_byte);
+            let take = hi.min((base + b) * bpe) - (first_byte + skip);
+            views::encode_into(
+                fmt,
+                &chunk[a as usize..b as usize],
+                skip as usize,
+                take as usize,
+                out,
+            );
+        }
+        Ok(())
+    }
+
+    /// Track the handle's stream: a read that starts where the previous one
+    /// ended is sequential (that also decides the small-read rule). With
+    /// prefetch on, sequential readers get a read-ahead window that doubles
+    /// on each sequential read (up to the configured maximum) and resets on
+    /// a seek; the window's chunks are those after byte `end` of the file,
+    /// whose tensor bytes are `segments` in `fmt` (one segment for a tensor
+    /// file; a view continues into the next tensors).
+    fn after_read(
+        &self,
+        fh: u64,
+        offset: u64,
+        end: u64,
+        segments: &[views::Segment],
+        fmt: ElemFormat,
+    ) {
+        let prefetch = self.config.prefetch_threads > 0;
+        let wanted = {
+            let mut streams = lock(&self.streams.by_fh);
+            let Some(h) = streams.get_mut(&fh) else {
+                return;
+            };
+            let sequential = offset == h.next_offset;
+            h.next_offset = end;
+            if !prefetch {
+                return;
+            }
+            if sequential {
+                h.window = (h.window * 2).clamp(1, self.config.prefetch_max_chunks);
+            } else {
+                h.window = 0;
+                h.last_requested = None;
+            }
+            let next = views::chunks_after(segments, fmt.bytes(), end, h.window, |f| {
+                self.shared.files[f].chunk_elems
+            });
+            // Skip what this stream already requested (the list is in read
+            // order, so everything up to the last request).
+            let fresh = match h.last_requested {
+                Some(last) => next.iter().position(|c| *c == last).map_or(0, |i| i + 1),
+                None => 0,
+            };
+            if let Some(last) = next.last() {
+                h.last_requested = Some(*last);
+            }
+            next.into_iter().skip(fresh).collect::<Vec<_>>()
+        };
+        for (f, c) in wanted {
+            self.prefetch.request(f, c);
+        }
+    }
+}
