@@ -232,3 +232,25 @@ pub fn inspect_text(b: &dyn Backend) -> String {
     );
     o
 }
+
+/// [`inspect_json`] without the `tensors` list (which the mount's
+/// index.json renders one tensor at a time): building every tensor's JSON
+/// value at once costs a few KiB per tensor.
+pub fn inspect_json_without_tensors(b: &dyn Backend) -> Value {
+    let s = b.summary();
+    let totals = Totals::of(b);
+    json!({
+        "source": source_json(s),
+        "fallback": b.fallback_summary().map(source_json),
+        "model": model_facts(effective_metadata(b)).into_iter().collect::<serde_json::Map<_, _>>(),
+        "metadata": effective_metadata(b).to_json(),
+        "tensors": [],
+        "totals": {
+            "tensors": b.tensors().len(),
+            "available": totals.available,
+            "stored_bytes": totals.stored,
+            "served_bytes": totals.served,
+            "bits_per_weight": totals.bits_per_weight(),
+        },
+    })
+}

@@ -75,6 +75,14 @@ impl Ctl {
         caller.uid == 0 || caller.uid == self.owner.0
     }
 
+    /// Who may command, in words.
+    fn commanders(&self) -> String {
+        match self.owner.0 {
+            0 => "root".to_string(),
+            uid => format!("root and uid {uid}"),
+        }
+    }
+
     pub(super) fn is_open(&self, fh: u64) -> bool {
         lock(&self.handles).contains_key(&fh)
     }
@@ -125,9 +133,10 @@ impl TensorFs {
             log::Level::Warn,
             &format!("ctl refused uid {}", caller.uid),
             format_args!(
-                "ctl: command from uid {} (pid {}) refused: only uid {} and root may command \
-                 this mount",
-                caller.uid, caller.pid, self.ctl.owner.0
+                "ctl: command from uid {} (pid {}) refused: only {} may command this mount",
+                caller.uid,
+                caller.pid,
+                self.ctl.commanders()
             ),
         );
     }
@@ -342,7 +351,7 @@ impl TensorFs {
              cache:     bytes decoded {}, decode errors {}, decodes in flight {}\n\
              reads:     in flight {}, total {}, errors {}, bytes served {}, small uncached {}\n\
              prefetch:  threads {}, chunks requested {}, dropped {}\n\
-             commands:  write one per line to this file (root and uid {} only): drop-cache{}\n",
+             commands:  write one per line to this file ({} only): drop-cache{}\n",
             self.shared.files.len(),
             self.config.views.names(),
             self.shared.files.len() * self.ns.formats.len(),
@@ -373,7 +382,7 @@ impl TensorFs {
             self.config.prefetch_threads,
             self.prefetch.requested(),
             self.prefetch.dropped(),
-            self.ctl.owner.0,
+            self.ctl.commanders(),
             if self.jobs.is_some() {
                 ", encode sk32|rknot|knot ... out=NAME, cancel JOB"
             } else {

@@ -174,7 +174,7 @@ fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> V
 impl IndexJson {
     /// Measure the document for `b` as mounted with namespace `ns`.
     pub(super) fn build(b: &dyn Backend, ns: &Namespace) -> IndexJson {
-        let mut v = report::inspect_json(&Lean::new(b));
+        let mut v = report::inspect_json_without_tensors(&Lean::new(b));
         // Lean emptied the long arrays; say what they were.
         let full = report::effective_metadata(b);
         if let Some(md) = v.get_mut("metadata").and_then(Value::as_object_mut) {

@@ -486,3 +486,114 @@ fn writes_and_ctl_commands() {
         "short arrays are kept whole"
     );
 }
+
+#[test]
+fn listings_and_index_pages_agree_whatever_the_page_size() {
+    let fs = demo_fs(FsConfig {
+        views: all_views(),
+        ..FsConfig::default()
+    });
+    let whole = list(&fs, ROOT_INO, 100_000).unwrap();
+    for page in [1, 2, 3, 7, 64] {
+        assert_eq!(list(&fs, ROOT_INO, page).unwrap(), whole, "page {page}");
+    }
+    // Every listed name looks up to the listed inode.
+    for (ino, _, name) in &whole[2..] {
+        assert_eq!(fs.lookup(ROOT_INO, name).unwrap().ino, *ino, "{name}");
+    }
+    // Names that are not listed do not resolve: aliases, other formats'
+    // extensions, tensor names without extension.
+    for bad in [
+        "blk.0.attn_o.weight.f32",
+        "blk.0.attn_q.weight",
+        "blk.0.attn_q.weight.f64",
+        "blk_0_attn_q.weight.f32",
+    ] {
+        assert_eq!(fs.lookup(ROOT_INO, bad), Err(libc::ENOENT), "{bad}");
+    }
+    let index = fs.index_json();
+    let v: Value = serde_json::from_slice(&index).unwrap();
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 21);
+    assert_eq!(fs.getattr(INDEX_INO).unwrap().size, index.len() as u64);
+    let fh = open_ro(&fs, INDEX_INO).unwrap().fh;
+    for step in [1u32, 13, 4096] {
+        let mut got = Vec::new();
+        loop {
+            let d = fs.read(INDEX_INO, fh, got.len() as u64, step).unwrap();
+            if d.bytes().is_empty() {
+                break;
+            }
+            got.extend_from_slice(d.bytes());
+        }
+        assert_eq!(got, index, "step {step}");
+    }
+}
+
+#[test]
+fn ctl_commands_by_caller_snapshot_and_lines() {
+    let fs = demo_fs(FsConfig::default());
+    let stranger = Caller {
+        uid: 54_321,
+        gid: 54_321,
+        pid: 1,
+    };
+    // Others may neither open ctl for writing nor write through a handle
+    // the daemon's user opened.
+    assert_eq!(fs.open(CTL_INO, false, true, stranger), Err(libc::EACCES));
+    let ctl = open_wo(&fs, CTL_INO).unwrap();
+    assert_eq!(
+        fs.write_ctl(ctl.fh, b"drop-cache\n", stranger),
+        Err(libc::EACCES)
+    );
+    // A command split across writes is one command.
+    let ino = fs.lookup(ROOT_INO, "output.weight.f32").unwrap().ino;
+    let fh = open_ro(&fs, ino).unwrap().fh;
+    fs.read(ino, fh, 0, 1 << 20).unwrap();
+    assert_eq!(fs.write_ctl(ctl.fh, b"drop-", me()), Ok(5));
+    assert!(
+        fs.cache_stats().bytes_used > 0,
+        "not run before its newline"
+    );
+    assert_eq!(fs.write_ctl(ctl.fh, b"cache\n", me()), Ok(6));
+    assert_eq!(fs.cache_stats().bytes_used, 0);
+    // A good line and a bad one: nothing runs.
+    fs.read(ino, fh, 0, 1 << 20).unwrap();
+    assert_eq!(
+        fs.write_ctl(ctl.fh, b"drop-cache\nexplode\n", me()),
+        Err(libc::EINVAL)
+    );
+    assert!(fs.cache_stats().bytes_used > 0);
+    assert!(
+        fs.ctl_text().contains("line 2: explode"),
+        "{}",
+        fs.ctl_text()
+    );
+    // Without a newline it runs at flush.
+    assert_eq!(fs.write_ctl(ctl.fh, b"drop-cache", me()), Ok(10));
+    assert!(fs.cache_stats().bytes_used > 0);
+    assert_eq!(fs.flush(ctl.fh, me()), Ok(()));
+    assert_eq!(fs.cache_stats().bytes_used, 0);
+    assert_eq!(
+        fs.write_ctl(ctl.fh, b"drop-\xffcache\n", me()),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        fs.write_ctl(ctl.fh, &[b'a'; MAX_CTL_LINE + 1], me()),
+        Err(libc::EINVAL)
+    );
+    fs.release(ctl.fh);
+    // Reads of one open see the rendering made at open.
+    let r = open_ro(&fs, CTL_INO).unwrap().fh;
+    let first = fs.read(CTL_INO, r, 0, 1 << 20).unwrap().bytes().to_vec();
+    for off in 0..20 {
+        fs.read(ino, fh, off * 4096, 4096).unwrap();
+    }
+    let again = fs.read(CTL_INO, r, 0, 1 << 20).unwrap().bytes().to_vec();
+    assert_eq!(first, again);
+    fs.release(r);
+    let fresh = open_ro(&fs, CTL_INO).unwrap().fh;
+    assert_ne!(
+        fs.read(CTL_INO, fresh, 0, 1 << 20).unwrap().bytes(),
+        &first[..]
+    );
+}

@@ -283,6 +283,15 @@ impl Layout {
                 format!("internal error: view segments end at {pos}, past the size {size}"),
             ));
         }
+        // `stat` reports sizes as a signed 64-bit number.
+        if size > i64::MAX as u64 {
+            return Err(err(
+                ErrorKind::TooLarge,
+                format!(
+                    "the view would be {size} bytes, more than the largest file size stat can                      report (2^63 - 1 bytes)"
+                ),
+            ));
+        }
         Ok(Layout {
             header,
             fmt,
