@@ -79,6 +79,7 @@ impl Filesystem for FuseAdapter {
     /// files before the process exits.
     fn destroy(&mut self) {
         self.fs.shutdown_jobs();
+        crate::logging::flush_throttled();
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
