@@ -186,7 +186,8 @@ fn ctl_reads_come_from_one_snapshot_per_open() {
             let v: serde_json::Value = serde_json::from_slice(&whole).unwrap_or_else(|e| {
                 panic!("torn ctl.json ({e}):\n{}", String::from_utf8_lossy(&whole))
             });
-            assert!(v["reads"]["total"].is_u64());
+            // All of it is the rendering made at open, before the reads.
+            assert!(v["reads"]["total"].as_u64().unwrap() <= before, "{v}");
         } else {
             let text = String::from_utf8(whole).unwrap();
             assert!(
