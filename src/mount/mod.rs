@@ -110,7 +110,11 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         ..FsConfig::default()
     };
     let mut fuse_config = Config::default();
-    fuse_config.mount_options = options::fuser_options(&opts, &source.display().to_string());
+    fuse_config.mount_options = options::fuser_options(
+        &opts,
+        &source.display().to_string(),
+        !checks::can_mount_directly(),
+    );
     fuse_config.acl = opts.acl;
     fuse_config.n_threads = Some(threads);
     let log_file = req

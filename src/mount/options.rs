@@ -106,9 +106,21 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
 /// Kernel mount options for fuser. The filesystem is not mounted `ro` at
 /// the VFS level because `ctl` takes commands; every other write is refused
 /// by the filesystem with EROFS.
-pub fn fuser_options(o: &MountOpts, source: &str) -> Vec<MountOption> {
+///
+/// `via_fusermount`: whether the mount goes through fusermount3 (no
+/// CAP_SYS_ADMIN, see [`super::checks::can_mount_directly`]). fuser hands
+/// fsname to mount(2) verbatim as the source when it mounts directly, but
+/// pastes it unescaped into fusermount3's comma-separated `-o` list
+/// otherwise; there it must be escaped.
+pub fn fuser_options(o: &MountOpts, source: &str, via_fusermount: bool) -> Vec<MountOption> {
+    let fsname = o.fsname.clone().unwrap_or_else(|| source.to_string());
+    let fsname = if via_fusermount {
+        escape_fusermount_value(&fsname)
+    } else {
+        fsname
+    };
     vec![
-        MountOption::FSName(o.fsname.clone().unwrap_or_else(|| source.to_string())),
+        MountOption::FSName(fsname),
         MountOption::DefaultPermissions,
         MountOption::NoSuid,
         MountOption::NoDev,
@@ -117,9 +129,49 @@ pub fn fuser_options(o: &MountOpts, source: &str) -> Vec<MountOption> {
     ]
 }
 
+/// Escape a value for fusermount3's `-o` list as libfuse does
+/// (`fuse_opt_add_opt_escaped`): a backslash before `,` and `\`.
+/// fusermount3 (3.x; checked with Debian's 3.14) splits the list at
+/// unescaped commas and drops the backslashes of `fsname=` and `subtype=`
+/// values, so the mount's source is exactly the original name. Unescaped, a
+/// source named `m,allow_other.gguf` would add the option `allow_other.gguf`,
+/// and a trailing backslash would swallow the next option
+/// (`default_permissions`).
+pub fn escape_fusermount_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len() + 2);
+    for c in v.chars() {
+        if matches!(c, ',' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fsname_is_escaped_only_for_fusermount() {
+        assert_eq!(escape_fusermount_value("plain/x.gguf"), "plain/x.gguf");
+        assert_eq!(
+            escape_fusermount_value("m,allow_other.gguf"),
+            "m\\,allow_other.gguf"
+        );
+        assert_eq!(escape_fusermount_value("a\\b,"), "a\\\\b\\,");
+        assert_eq!(escape_fusermount_value("end\\"), "end\\\\");
+        let o = p(&["fsname=x\\y"]).unwrap();
+        let name = |v: &[MountOption]| match &v[0] {
+            MountOption::FSName(n) => n.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(name(&fuser_options(&o, "/s", true)), "x\\\\y");
+        assert_eq!(name(&fuser_options(&o, "/s", false)), "x\\y");
+        let o = MountOpts::default();
+        assert_eq!(name(&fuser_options(&o, "/m,ro.gguf", true)), "/m\\,ro.gguf");
+        assert_eq!(name(&fuser_options(&o, "/m,ro.gguf", false)), "/m,ro.gguf");
+    }
 
     fn p(s: &[&str]) -> Result<MountOpts, String> {
         parse(&s.iter().map(|x| x.to_string()).collect::<Vec<_>>())
