@@ -1,6 +1,6 @@
 //! The rknot-mount process around the filesystem, with real mounts: what it
-//! says about a dead mount or an unusable /dev/fuse, and the mount options
-//! a source name can (not) change. Non-root cases run as a real second
+//! says about a dead mount or an unusable /dev/fuse, the mount options a
+//! source name can (not) change, and where a background daemon logs. Non-root cases run as a real second
 //! user (tests/common/users.rs).
 
 mod common;
@@ -323,4 +323,64 @@ fn dead_mount_after_kill9_gets_the_hint() {
             .success()
     );
     assert!(!is_mounted(&m.mp));
+}
+
+/// Item 21: without --log-file, a background daemon logs to a bounded file
+/// name even when the mountpoint's path is longer than NAME_MAX, and says
+/// where.
+#[test]
+fn background_default_log_name_is_bounded() {
+    if !fuse_available() {
+        return;
+    }
+    let Some(user) = user_with_namespaces() else {
+        return;
+    };
+    // A mountpoint 5 levels of 60 characters below the scratch directory:
+    // its flattened path alone is over 300 bytes.
+    let deep: PathBuf = (0..5).map(|i| format!("{i}{}", "x".repeat(59))).collect();
+    let deep_str = deep.to_str().unwrap();
+    let scratch = scratch_for(&user, &[deep_str, "state"]);
+    let d = scratch.path();
+    let mut p = d.to_path_buf();
+    for c in deep.components() {
+        p.push(c);
+        std::os::unix::fs::chown(&p, Some(user.uid), Some(user.gid)).unwrap();
+    }
+    let mp = d.join(&deep).canonicalize().unwrap();
+    assert!(mp.as_os_str().len() > 300);
+    let src = demo_copy(d, "model.gguf");
+    let state = d.join("state");
+    let script = format!(
+        "runuser -u {u} -- env HOME=/tmp XDG_STATE_HOME={state} {bin} {src} {mp} || exit 11\n\
+         runuser -u {u} -- ls {mp} > {d}/listing || exit 12\n\
+         runuser -u {u} -- fusermount3 -u {mp} || exit 13\n",
+        u = user.name,
+        state = sq(&state),
+        bin = sq(mount_bin()),
+        src = sq(&src),
+        mp = sq(&mp),
+        d = sq(d),
+    );
+    let o = in_fuse_namespace(d, 0o666, &script);
+    let daemons = Daemons::from_output(&o);
+    assert!(o.status.success(), "{}", text(&o));
+    let logs: Vec<PathBuf> = std::fs::read_dir(state.join("rknot"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let log = &logs[0];
+    let name = log.file_name().unwrap().len();
+    assert!(name <= 100, "log file name of {name} bytes: {log:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(&format!("log {})", log.display())), "{out}");
+    let listing = std::fs::read_to_string(d.join("listing")).unwrap();
+    assert!(listing.contains("index.json"), "{listing}");
+    assert!(daemons.wait_all().is_empty(), "daemon left after unmount");
+    let logged = std::fs::read_to_string(log).unwrap();
+    assert!(
+        logged.contains("serving") && logged.contains("unmounted"),
+        "{logged}"
+    );
 }

@@ -50,8 +50,9 @@ struct Cli {
     /// source file's directory].
     #[arg(long)]
     jobs_dir: Option<PathBuf>,
-    /// Log file of the background daemon [default: /var/log/rknot/mount-<mountpoint>.log
-    /// for root, else ~/.local/state/rknot/].
+    /// Log file of the background daemon [default:
+    /// /var/log/rknot/mount-<mountpoint tail>-<hash>.log for root, else in
+    /// ~/.local/state/rknot/].
     #[arg(long)]
     log_file: Option<PathBuf>,
 }

@@ -175,13 +175,9 @@ fn jobs_config(
 }
 
 /// Where a background daemon logs: `/var/log/rknot/` for root, else
-/// `$XDG_STATE_HOME/rknot/` (default `~/.local/state/rknot/`); the file is
-/// named after the mountpoint.
+/// `$XDG_STATE_HOME/rknot/` (default `~/.local/state/rknot/`), in a file
+/// named after the mountpoint ([`default_log_name`]).
 pub fn default_log_file(mountpoint: &Path) -> PathBuf {
-    let name = mountpoint
-        .to_string_lossy()
-        .trim_matches('/')
-        .replace('/', "_");
     let dir = if checks::geteuid() == 0 {
         PathBuf::from("/var/log/rknot")
     } else if let Some(x) = std::env::var_os("XDG_STATE_HOME") {
@@ -191,7 +187,43 @@ pub fn default_log_file(mountpoint: &Path) -> PathBuf {
     } else {
         std::env::temp_dir().join("rknot")
     };
-    dir.join(format!("mount-{name}.log"))
+    dir.join(default_log_name(mountpoint))
+}
+
+/// Characters of the mountpoint kept in the log file's name.
+const LOG_NAME_TAIL: usize = 64;
+
+/// The default log file name of a mount at `mountpoint` (canonical):
+/// `mount-<tail>-<hash>.log`, where the tail is the end of the path with
+/// `/` and anything unusual as `_` (readable, at most [`LOG_NAME_TAIL`]
+/// characters) and the hash is FNV-1a 64 of the whole path. Bounded (92
+/// bytes, far below NAME_MAX, whatever the path's length) and distinct for
+/// distinct paths (`/a/b_c` and `/a_b/c` share a tail, not a hash). FNV
+/// rather than std's hasher: the name must not change between builds, so a
+/// restarted daemon appends to the same log.
+pub fn default_log_name(mountpoint: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = mountpoint.as_os_str().as_bytes();
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let flat: Vec<char> = mountpoint
+        .to_string_lossy()
+        .trim_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let tail: String = flat[flat.len().saturating_sub(LOG_NAME_TAIL)..]
+        .iter()
+        .collect();
+    let tail = if tail.is_empty() { "root".into() } else { tail };
+    format!("mount-{tail}-{hash:016x}.log")
 }
 
 fn init_logging(target: Option<std::fs::File>) {
@@ -504,5 +536,60 @@ fn sd_notify(state: &str) {
     };
     if let Err(e) = sent {
         log::warn!("sd_notify: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_names_are_bounded() {
+        // 40 levels of 60-character names: 2.4 KB, ten times NAME_MAX.
+        let long: PathBuf = std::iter::once("/".to_string())
+            .chain((0..40).map(|i| format!("{i:02}{}", "d".repeat(58))))
+            .collect();
+        assert!(long.as_os_str().len() > 2000);
+        let name = default_log_name(&long);
+        assert!(name.len() <= 92, "{} bytes: {name}", name.len());
+        assert!(
+            name.starts_with("mount-") && name.ends_with(".log"),
+            "{name}"
+        );
+        // The readable part is the end of the path.
+        assert!(name.contains(&format!("39{}", "d".repeat(20))), "{name}");
+        // Another long path with the same tail gets another name.
+        let elsewhere = Path::new("/x").join(long.strip_prefix("/").unwrap());
+        assert_ne!(default_log_name(&elsewhere), name);
+        assert_eq!(
+            default_log_name(&long.clone()),
+            name,
+            "same path, same name"
+        );
+        // Only plain characters in the name.
+        let odd = default_log_name(Path::new("/mnt/a b\n\u{1b}[31m/ü"));
+        assert!(
+            odd.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)),
+            "{odd}"
+        );
+        assert!(default_log_name(Path::new("/")).starts_with("mount-root-"));
+    }
+
+    #[test]
+    fn log_names_do_not_collide() {
+        // Both flatten to a_b_c, which named one log for two mounts.
+        let a = default_log_name(Path::new("/a/b_c"));
+        let b = default_log_name(Path::new("/a_b/c"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("mount-a_b_c-") && b.starts_with("mount-a_b_c-"));
+        // Stable across builds and runs: a restarted daemon appends to the
+        // same file (FNV-1a 64 of "/a/b_c").
+        assert_eq!(a, "mount-a_b_c-ae644e6e342a1bde.log");
+        // The example in docs/OPERATIONS.md.
+        assert_eq!(
+            default_log_name(Path::new("/mnt/w")),
+            "mount-mnt_w-5af2c8bcdc203f69.log"
+        );
     }
 }
