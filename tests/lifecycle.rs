@@ -1,11 +1,13 @@
-//! The rknot-mount process around the filesystem, with real mounts: what it
-//! says about a dead mount or an unusable /dev/fuse, the mount options a
-//! source name can (not) change, and where a background daemon logs. Non-root cases run as a real second
+//! The rknot-mount process around the filesystem, with real mounts: how it
+//! stops (signals, grace period, jobs), what it says about a dead mount or
+//! an unusable /dev/fuse, the mount options a source name can (not) change,
+//! and where a background daemon logs. Non-root cases run as a real second
 //! user (tests/common/users.rs).
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
+use std::io::Read;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -383,4 +385,127 @@ fn background_default_log_name_is_bounded() {
         logged.contains("serving") && logged.contains("unmounted"),
         "{logged}"
     );
+}
+
+fn ctl_json(m: &Mounted) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(m.path("ctl.json")).unwrap()).unwrap()
+}
+
+/// Wait until the daemon's log contains `what` (up to 30 s).
+fn wait_log(m: &Mounted, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !m.log().contains(what) {
+        assert!(Instant::now() < deadline, "no {what:?} in:\n{}", m.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A read of `f` that must reach the daemon: the kernel would answer from
+/// pages it cached (FOPEN_KEEP_CACHE) even after the connection is gone.
+fn uncached_read(f: &std::fs::File) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fadvise on a descriptor we own; it only drops clean pages.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    f.read_at(&mut [0u8; 4096], 0)
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Item 19: SIGTERM while a reader holds a tensor file open and a job runs.
+/// The job is cancelled at once and removes its temporary file, the mount
+/// is detached, and after the grace period (--stop-timeout) the connection
+/// is aborted and the daemon exits 0: the open file fails from then on.
+#[test]
+fn sigterm_with_an_open_file_stops_after_the_grace_period() {
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let mut m = Mounted::new(
+        &model,
+        &[
+            "--jobs-dir",
+            out.path().to_str().unwrap(),
+            "--stop-timeout",
+            "2",
+        ],
+    );
+    std::fs::write(m.path("ctl"), "encode rknot profile=faithful out=x.rknot\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ctl_json(&m)["jobs"][0]["state"] != "running" {
+        assert!(Instant::now() < deadline, "job not running: {}", m.ctl());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = std::fs::File::open(m.path("blk.0.attn_q.weight.f32")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    held.read_at(&mut buf, 0).unwrap();
+    m.signal(libc::SIGTERM);
+    // Before the fix the daemon stayed until the reader closed the file.
+    let st = m
+        .wait_exit(120)
+        .unwrap_or_else(|| panic!("daemon still running with a file open:\n{}", m.log()));
+    let log = m.log();
+    assert!(st.success(), "{st}\n{log}");
+    assert!(!is_mounted(&m.mp), "{log}");
+    assert!(
+        files_in(out.path()).is_empty(),
+        "no output, no temporary file: {:?}\n{log}",
+        files_in(out.path())
+    );
+    for want in [
+        "SIGTERM: stopping",
+        "job 1 cancelled",
+        "grace period of 2 s is over",
+        "stopped by SIGTERM",
+    ] {
+        assert!(log.contains(want), "want {want:?} in:\n{log}");
+    }
+    let err = uncached_read(&held).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    assert!(!pid_alive(m.pid() as i32));
+}
+
+/// Item 19: during the grace period open files keep working; a second
+/// signal cuts them off and ends the daemon at once, however long the grace
+/// period.
+#[test]
+fn second_signal_ends_the_grace_period() {
+    if !fuse_available() {
+        return;
+    }
+    let src = demo_path("tiny-llama.gguf");
+    let mut m = Mounted::new(&src, &["--stop-timeout", "3600"]);
+    let b = rknot::backend::open(&src, None).unwrap();
+    let want = decode_bytes(b.as_ref(), "output.weight");
+    let mut held = std::fs::File::open(m.path("output.weight.f32")).unwrap();
+    let mut first = vec![0u8; 1000];
+    held.read_exact(&mut first).unwrap();
+    m.signal(libc::SIGTERM);
+    // Two signals sent before the first is taken would merge into one.
+    wait_log(&m, "detaching lazily");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while is_mounted(&m.mp) {
+        assert!(Instant::now() < deadline, "not detached:\n{}", m.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(m.try_wait().is_none(), "waiting for the open file");
+    let mut rest = Vec::new();
+    held.read_to_end(&mut rest).unwrap();
+    assert_eq!([first, rest].concat(), want, "open files keep working");
+    m.signal(libc::SIGINT);
+    let st = m
+        .wait_exit(30)
+        .unwrap_or_else(|| panic!("second signal ignored:\n{}", m.log()));
+    let log = m.log();
+    assert!(st.success(), "{st}\n{log}");
+    assert!(log.contains("second signal (SIGINT)"), "{log}");
+    let err = uncached_read(&held).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
+    assert!(!pid_alive(m.pid() as i32));
 }

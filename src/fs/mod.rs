@@ -285,7 +285,7 @@ pub struct TensorFs {
     next_fh: AtomicU64,
     prefetch: prefetch::Prefetcher,
     last_ctl_error: Mutex<Option<String>>,
-    jobs: Option<crate::jobs::JobManager>,
+    jobs: Option<Arc<crate::jobs::JobManager>>,
     /// Direct I/O as configured, unless the kernel cannot mmap such files.
     direct_io: std::sync::atomic::AtomicBool,
     /// Owner of `ctl`, `ctl.json` and `jobs/`: the daemon's own user, not
@@ -606,6 +606,7 @@ impl TensorFs {
                 j.threads,
             )
         });
+        let jobs = jobs.map(Arc::new);
         if jobs.is_some() {
             entries.push((CTL_JSON_NAME.to_string(), CTL_JSON_INO));
             entries.push((JOBS_DIR_NAME.to_string(), JOBS_DIR_INO));
@@ -659,6 +660,12 @@ impl TensorFs {
             jobs,
             config,
         }
+    }
+
+    /// The encoding jobs, for the daemon's signal thread: it cancels them
+    /// on a stop signal while this filesystem belongs to the FUSE session.
+    pub fn jobs(&self) -> Option<Arc<crate::jobs::JobManager>> {
+        self.jobs.clone()
     }
 
     /// Cancel encoding jobs and wait until they removed their temporary

@@ -22,12 +22,14 @@ pub struct MountOpts {
     pub jobs_dir: Option<String>,
     pub max_jobs: Option<usize>,
     pub no_jobs: bool,
+    /// Seconds between the first stop signal and aborting the connection.
+    pub stop_timeout: Option<u64>,
 }
 
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
 uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
 prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
-noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs";
+noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs; stop_timeout=SECS";
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -85,6 +87,7 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
             ("jobs_dir", Some(v)) if !v.is_empty() => o.jobs_dir = Some(v.to_string()),
             ("max_jobs", Some(v)) => o.max_jobs = Some(num(key, v)?),
             ("nojobs", None) => o.no_jobs = true,
+            ("stop_timeout", Some(v)) => o.stop_timeout = Some(num(key, v)?),
             ("views", Some(v)) => {
                 views = Some(v.to_string());
                 views_open = true;
@@ -171,6 +174,17 @@ mod tests {
         let o = MountOpts::default();
         assert_eq!(name(&fuser_options(&o, "/m,ro.gguf", true)), "/m\\,ro.gguf");
         assert_eq!(name(&fuser_options(&o, "/m,ro.gguf", false)), "/m,ro.gguf");
+    }
+
+    #[test]
+    fn stop_timeout_option() {
+        assert_eq!(p(&["stop_timeout=3"]).unwrap().stop_timeout, Some(3));
+        assert_eq!(p(&[]).unwrap().stop_timeout, None);
+        assert!(
+            p(&["stop_timeout=soon"])
+                .unwrap_err()
+                .contains("not a number")
+        );
     }
 
     fn p(s: &[&str]) -> Result<MountOpts, String> {
