@@ -15,7 +15,9 @@ use rknot::mount::{self, MountRequest};
     name = "rknot-mount",
     version,
     about = "Mount a .rknot, SK32, dense .knot or GGUF model read-only: every tensor becomes a file of raw little-endian f32, and the model a model.safetensors and a model.gguf engines load directly",
-    after_help = "Unmount with `fusermount3 -u MOUNTPOINT` (or `umount`), or send SIGTERM/SIGINT to the daemon.\n\
+    after_help = "Unmount with `fusermount3 -u MOUNTPOINT` (or `umount`), or send SIGTERM/SIGINT to the daemon: \
+                  it cancels its encoding jobs and unmounts; files still open on the mount are cut off \
+                  after --stop-timeout seconds or at a second signal.\n\
                   Logging: RUST_LOG (default info); in the background to --log-file."
 )]
 struct Cli {
@@ -43,17 +45,23 @@ struct Cli {
     /// Mount options, comma-separated (repeatable): allow_other, allow_root,
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
     /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=, views=,
-    /// jobs_dir=, max_jobs=, nojobs.
+    /// jobs_dir=, max_jobs=, nojobs, stop_timeout=.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Directory where `ctl` encoding jobs write their outputs [default: the
     /// source file's directory].
     #[arg(long)]
     jobs_dir: Option<PathBuf>,
-    /// Log file of the background daemon [default: /var/log/rknot/mount-<mountpoint>.log
-    /// for root, else ~/.local/state/rknot/].
+    /// Log file of the background daemon [default:
+    /// /var/log/rknot/mount-<mountpoint tail>-<hash>.log for root, else in
+    /// ~/.local/state/rknot/].
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// Seconds from the first SIGTERM/SIGINT/SIGHUP until files still open
+    /// on the mount are cut off (FUSE connection aborted) and the daemon
+    /// exits; a second signal does it at once [default: 10].
+    #[arg(long, value_name = "SECS")]
+    stop_timeout: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -69,5 +77,6 @@ fn main() -> ExitCode {
         log_file: c.log_file,
         views: c.views,
         jobs_dir: c.jobs_dir,
+        stop_timeout: c.stop_timeout,
     })
 }

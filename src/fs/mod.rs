@@ -192,7 +192,9 @@ pub struct TensorFs {
     next_fh: AtomicU64,
     prefetch: prefetch::Prefetcher,
     ctl: ctl::Ctl,
-    jobs: Option<crate::jobs::JobManager>,
+    /// Shared with the signal thread, which cancels jobs at the first stop
+    /// signal (mount::stop).
+    jobs: Option<Arc<crate::jobs::JobManager>>,
     /// Direct I/O as configured, unless the kernel cannot mmap such files.
     direct_io: AtomicBool,
 }
@@ -259,6 +261,7 @@ impl TensorFs {
                 j.threads,
             )
         });
+        let jobs = jobs.map(Arc::new);
         let ns = namespace::Namespace::new(
             backend.as_ref(),
             &files,
@@ -305,6 +308,12 @@ impl TensorFs {
             jobs,
             config,
         }
+    }
+
+    /// The encoding jobs, for the daemon's signal thread: it cancels them
+    /// on a stop signal while this filesystem belongs to the FUSE session.
+    pub fn jobs(&self) -> Option<Arc<crate::jobs::JobManager>> {
+        self.jobs.clone()
     }
 
     /// Cancel encoding jobs and wait until they removed their temporary

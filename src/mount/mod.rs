@@ -8,11 +8,14 @@
 //!   parent exits 0 only then, so a script can `ls` the mountpoint as soon as
 //!   the command returns. Foreground mode (systemd) stays attached and sends
 //!   `READY=1` to `$NOTIFY_SOCKET` when the mount answers.
-//! - SIGINT, SIGTERM and SIGHUP unmount and exit 0; an external
-//!   `fusermount3 -u` / `umount` ends the session loop and also exits 0.
+//! - SIGINT, SIGTERM and SIGHUP cancel the jobs, unmount and exit 0; a
+//!   busy mount is cut off after a grace period or at a second signal
+//!   ([`stop`]). An external `fusermount3 -u` / `umount` ends the session
+//!   loop and also exits 0.
 
 pub mod checks;
 pub mod options;
+pub mod stop;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -49,6 +52,9 @@ pub struct MountRequest {
     /// Tensor formats besides f32 (`--views`); overrides `-o views=`.
     pub views: Option<ViewSet>,
     pub jobs_dir: Option<PathBuf>,
+    /// Grace period after the first stop signal (`--stop-timeout`);
+    /// overrides `-o stop_timeout=`.
+    pub stop_timeout: Option<u64>,
 }
 
 /// A failure before or during mounting: message for the user.
@@ -64,6 +70,7 @@ struct Prepared {
     fuse_config: Config,
     readahead_kb: u32,
     log_file: PathBuf,
+    stop_timeout: Duration,
 }
 
 fn n_cpus() -> usize {
@@ -110,7 +117,11 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         ..FsConfig::default()
     };
     let mut fuse_config = Config::default();
-    fuse_config.mount_options = options::fuser_options(&opts, &source.display().to_string());
+    fuse_config.mount_options = options::fuser_options(
+        &opts,
+        &source.display().to_string(),
+        !checks::can_mount_directly(),
+    );
     fuse_config.acl = opts.acl;
     fuse_config.n_threads = Some(threads);
     let log_file = req
@@ -124,6 +135,11 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         fuse_config,
         readahead_kb: opts.readahead_kb.unwrap_or(1024),
         log_file,
+        stop_timeout: Duration::from_secs(
+            req.stop_timeout
+                .or(opts.stop_timeout)
+                .unwrap_or(stop::DEFAULT_STOP_TIMEOUT),
+        ),
     })
 }
 
@@ -171,13 +187,9 @@ fn jobs_config(
 }
 
 /// Where a background daemon logs: `/var/log/rknot/` for root, else
-/// `$XDG_STATE_HOME/rknot/` (default `~/.local/state/rknot/`); the file is
-/// named after the mountpoint.
+/// `$XDG_STATE_HOME/rknot/` (default `~/.local/state/rknot/`), in a file
+/// named after the mountpoint ([`default_log_name`]).
 pub fn default_log_file(mountpoint: &Path) -> PathBuf {
-    let name = mountpoint
-        .to_string_lossy()
-        .trim_matches('/')
-        .replace('/', "_");
     let dir = if checks::geteuid() == 0 {
         PathBuf::from("/var/log/rknot")
     } else if let Some(x) = std::env::var_os("XDG_STATE_HOME") {
@@ -187,7 +199,43 @@ pub fn default_log_file(mountpoint: &Path) -> PathBuf {
     } else {
         std::env::temp_dir().join("rknot")
     };
-    dir.join(format!("mount-{name}.log"))
+    dir.join(default_log_name(mountpoint))
+}
+
+/// Characters of the mountpoint kept in the log file's name.
+const LOG_NAME_TAIL: usize = 64;
+
+/// The default log file name of a mount at `mountpoint` (canonical):
+/// `mount-<tail>-<hash>.log`, where the tail is the end of the path with
+/// `/` and anything unusual as `_` (readable, at most [`LOG_NAME_TAIL`]
+/// characters) and the hash is FNV-1a 64 of the whole path. Bounded (92
+/// bytes, far below NAME_MAX, whatever the path's length) and distinct for
+/// distinct paths (`/a/b_c` and `/a_b/c` share a tail, not a hash). FNV
+/// rather than std's hasher: the name must not change between builds, so a
+/// restarted daemon appends to the same log.
+pub fn default_log_name(mountpoint: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = mountpoint.as_os_str().as_bytes();
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let flat: Vec<char> = mountpoint
+        .to_string_lossy()
+        .trim_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let tail: String = flat[flat.len().saturating_sub(LOG_NAME_TAIL)..]
+        .iter()
+        .collect();
+    let tail = if tail.is_empty() { "root".into() } else { tail };
+    format!("mount-{tail}-{hash:016x}.log")
 }
 
 fn init_logging(target: Option<std::fs::File>) {
@@ -277,18 +325,6 @@ fn redirect_stdio(log: &std::fs::File) {
     }
 }
 
-fn blocked_signals() -> libc::sigset_t {
-    // SAFETY: sigemptyset/sigaddset initialize the set we own.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        set
-    }
-}
-
 /// Keep freed chunk buffers from piling up in the allocator: glibc raises
 /// its mmap threshold dynamically after the first large free, after which
 /// 1 MiB chunks come from arenas that rarely shrink, and the daemon's RSS
@@ -330,13 +366,16 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     // Block the stop signals in this thread before any other thread starts,
     // so every thread inherits the mask and only the signal thread (which
     // waits for them with sigwait) ever sees them.
-    let set = blocked_signals();
+    let set = stop::stop_signals();
     // SAFETY: set is initialized; changing this thread's mask is sound.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
 
     let mountpoint = prep.mountpoint.clone();
     let summary = prep.backend.summary().clone();
     let fs = TensorFs::new(prep.backend, prep.fs_config);
+    // The signal thread cancels the jobs; the filesystem itself moves into
+    // the session.
+    let jobs = fs.jobs();
     release_free_memory();
     let direct_io = fs.direct_io();
     let n_files = fs.n_tensor_files();
@@ -361,22 +400,21 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
         if direct_io { "direct_io" } else { "page cache" }
     );
 
-    // Signal thread: SIGINT/SIGTERM/SIGHUP unmount, which ends the session.
-    let mut unmounter = session.unmount_callable();
-    let mp = mountpoint.clone();
-    let spawned = std::thread::Builder::new()
-        .name("rknot-signals".into())
-        .spawn(move || {
-            let mut sig = 0i32;
-            // SAFETY: set is a valid, initialized signal set; sig is ours.
-            unsafe { libc::sigwait(&set, &mut sig) };
-            log::info!("signal {sig}: unmounting {}", mp.display());
-            if let Err(e) = unmounter.unmount() {
-                log::warn!("unmount failed ({e}); detaching lazily");
-                lazy_unmount(&mp);
-            }
-        });
-    if let Err(e) = spawned {
+    // Signal thread: SIGINT/SIGTERM/SIGHUP stop the daemon (module stop).
+    let plan = stop::StopPlan {
+        mountpoint: mountpoint.clone(),
+        grace: prep.stop_timeout,
+        jobs,
+        // The mount exists once Session::new returned; its device number
+        // names the FUSE connection.
+        connection: checks::mount_entry(&mountpoint)
+            .ok()
+            .flatten()
+            .filter(checks::MountEntry::is_fuse)
+            .map(|m| m.fuse_connection()),
+    };
+    let stop_state = Arc::new(stop::StopState::default());
+    if let Err(e) = stop::spawn(set, session.unmount_callable(), plan, stop_state.clone()) {
         log::error!("cannot start the signal thread: {e}");
     }
 
@@ -435,7 +473,20 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     match session.run() {
         Ok(()) if not_ready.load(Ordering::SeqCst) => ExitCode::FAILURE,
         Ok(()) => {
-            log::info!("unmounted {}; exiting", mountpoint.display());
+            crate::logging::flush_throttled();
+            match stop_state.signal() {
+                Some(sig) if stop_state.forced() => log::info!(
+                    "stopped by {}: connection aborted, unmounted {}; exiting",
+                    stop::signal_name(sig),
+                    mountpoint.display()
+                ),
+                Some(sig) => log::info!(
+                    "stopped by {}: unmounted {}; exiting",
+                    stop::signal_name(sig),
+                    mountpoint.display()
+                ),
+                None => log::info!("unmounted {}; exiting", mountpoint.display()),
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -448,7 +499,7 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
 
 /// Last resort when a plain unmount fails (busy): detach the mount so no
 /// stale "Transport endpoint is not connected" stays behind.
-fn lazy_unmount(mp: &Path) {
+pub(crate) fn lazy_unmount(mp: &Path) {
     if checks::is_mountpoint(mp).unwrap_or(false) {
         let st = std::process::Command::new("fusermount3")
             .arg("-u")
@@ -481,8 +532,8 @@ fn set_readahead(mp: &Path, kb: u32) {
     }
 }
 
-/// systemd readiness (Type=notify), when `$NOTIFY_SOCKET` is set.
-fn sd_notify(state: &str) {
+/// A state change for systemd (Type=notify), when `$NOTIFY_SOCKET` is set.
+pub(crate) fn sd_notify(state: &str) {
     use std::os::unix::net::UnixDatagram;
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
         return;
@@ -500,5 +551,60 @@ fn sd_notify(state: &str) {
     };
     if let Err(e) = sent {
         log::warn!("sd_notify: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_names_are_bounded() {
+        // 40 levels of 60-character names: 2.4 KB, ten times NAME_MAX.
+        let long: PathBuf = std::iter::once("/".to_string())
+            .chain((0..40).map(|i| format!("{i:02}{}", "d".repeat(58))))
+            .collect();
+        assert!(long.as_os_str().len() > 2000);
+        let name = default_log_name(&long);
+        assert!(name.len() <= 92, "{} bytes: {name}", name.len());
+        assert!(
+            name.starts_with("mount-") && name.ends_with(".log"),
+            "{name}"
+        );
+        // The readable part is the end of the path.
+        assert!(name.contains(&format!("39{}", "d".repeat(20))), "{name}");
+        // Another long path with the same tail gets another name.
+        let elsewhere = Path::new("/x").join(long.strip_prefix("/").unwrap());
+        assert_ne!(default_log_name(&elsewhere), name);
+        assert_eq!(
+            default_log_name(&long.clone()),
+            name,
+            "same path, same name"
+        );
+        // Only plain characters in the name.
+        let odd = default_log_name(Path::new("/mnt/a b\n\u{1b}[31m/ü"));
+        assert!(
+            odd.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)),
+            "{odd}"
+        );
+        assert!(default_log_name(Path::new("/")).starts_with("mount-root-"));
+    }
+
+    #[test]
+    fn log_names_do_not_collide() {
+        // Both flatten to a_b_c, which named one log for two mounts.
+        let a = default_log_name(Path::new("/a/b_c"));
+        let b = default_log_name(Path::new("/a_b/c"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("mount-a_b_c-") && b.starts_with("mount-a_b_c-"));
+        // Stable across builds and runs: a restarted daemon appends to the
+        // same file (FNV-1a 64 of "/a/b_c").
+        assert_eq!(a, "mount-a_b_c-ae644e6e342a1bde.log");
+        // The example in docs/OPERATIONS.md.
+        assert_eq!(
+            default_log_name(Path::new("/mnt/w")),
+            "mount-mnt_w-5af2c8bcdc203f69.log"
+        );
     }
 }

@@ -22,12 +22,14 @@ pub struct MountOpts {
     pub jobs_dir: Option<String>,
     pub max_jobs: Option<usize>,
     pub no_jobs: bool,
+    /// Seconds between the first stop signal and aborting the connection.
+    pub stop_timeout: Option<u64>,
 }
 
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
 uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
 prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
-noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs";
+noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs; stop_timeout=SECS";
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -85,6 +87,7 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
             ("jobs_dir", Some(v)) if !v.is_empty() => o.jobs_dir = Some(v.to_string()),
             ("max_jobs", Some(v)) => o.max_jobs = Some(num(key, v)?),
             ("nojobs", None) => o.no_jobs = true,
+            ("stop_timeout", Some(v)) => o.stop_timeout = Some(num(key, v)?),
             ("views", Some(v)) => {
                 views = Some(v.to_string());
                 views_open = true;
@@ -106,9 +109,21 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
 /// Kernel mount options for fuser. The filesystem is not mounted `ro` at
 /// the VFS level because `ctl` takes commands; every other write is refused
 /// by the filesystem with EROFS.
-pub fn fuser_options(o: &MountOpts, source: &str) -> Vec<MountOption> {
+///
+/// `via_fusermount`: whether the mount goes through fusermount3 (no
+/// CAP_SYS_ADMIN, see [`super::checks::can_mount_directly`]). fuser hands
+/// fsname to mount(2) verbatim as the source when it mounts directly, but
+/// pastes it unescaped into fusermount3's comma-separated `-o` list
+/// otherwise; there it must be escaped.
+pub fn fuser_options(o: &MountOpts, source: &str, via_fusermount: bool) -> Vec<MountOption> {
+    let fsname = o.fsname.clone().unwrap_or_else(|| source.to_string());
+    let fsname = if via_fusermount {
+        escape_fusermount_value(&fsname)
+    } else {
+        fsname
+    };
     vec![
-        MountOption::FSName(o.fsname.clone().unwrap_or_else(|| source.to_string())),
+        MountOption::FSName(fsname),
         MountOption::DefaultPermissions,
         MountOption::NoSuid,
         MountOption::NoDev,
@@ -117,9 +132,60 @@ pub fn fuser_options(o: &MountOpts, source: &str) -> Vec<MountOption> {
     ]
 }
 
+/// Escape a value for fusermount3's `-o` list as libfuse does
+/// (`fuse_opt_add_opt_escaped`): a backslash before `,` and `\`.
+/// fusermount3 (3.x; checked with Debian's 3.14) splits the list at
+/// unescaped commas and drops the backslashes of `fsname=` and `subtype=`
+/// values, so the mount's source is exactly the original name. Unescaped, a
+/// source named `m,allow_other.gguf` would add the option `allow_other.gguf`,
+/// and a trailing backslash would swallow the next option
+/// (`default_permissions`).
+pub fn escape_fusermount_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len() + 2);
+    for c in v.chars() {
+        if matches!(c, ',' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fsname_is_escaped_only_for_fusermount() {
+        assert_eq!(escape_fusermount_value("plain/x.gguf"), "plain/x.gguf");
+        assert_eq!(
+            escape_fusermount_value("m,allow_other.gguf"),
+            "m\\,allow_other.gguf"
+        );
+        assert_eq!(escape_fusermount_value("a\\b,"), "a\\\\b\\,");
+        assert_eq!(escape_fusermount_value("end\\"), "end\\\\");
+        let o = p(&["fsname=x\\y"]).unwrap();
+        let name = |v: &[MountOption]| match &v[0] {
+            MountOption::FSName(n) => n.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(name(&fuser_options(&o, "/s", true)), "x\\\\y");
+        assert_eq!(name(&fuser_options(&o, "/s", false)), "x\\y");
+        let o = MountOpts::default();
+        assert_eq!(name(&fuser_options(&o, "/m,ro.gguf", true)), "/m\\,ro.gguf");
+        assert_eq!(name(&fuser_options(&o, "/m,ro.gguf", false)), "/m,ro.gguf");
+    }
+
+    #[test]
+    fn stop_timeout_option() {
+        assert_eq!(p(&["stop_timeout=3"]).unwrap().stop_timeout, Some(3));
+        assert_eq!(p(&[]).unwrap().stop_timeout, None);
+        assert!(
+            p(&["stop_timeout=soon"])
+                .unwrap_err()
+                .contains("not a number")
+        );
+    }
 
     fn p(s: &[&str]) -> Result<MountOpts, String> {
         parse(&s.iter().map(|x| x.to_string()).collect::<Vec<_>>())
