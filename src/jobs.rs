@@ -23,6 +23,8 @@
 //!   permission bits of the mount's source files;
 //! - outputs are written atomically (temp file + fsync + rename): a failed
 //!   or cancelled job, or a killed daemon, leaves nothing at the target;
+//! - at most [`MAX_QUEUED`] jobs wait (a submit beyond fails) and the last
+//!   [`MAX_FINISHED`] finished jobs are kept for `ctl`; older ones expire;
 //! - `shutdown` (unmount) cancels queued and running jobs and waits for them
 //!   to remove their temporary files.
 
@@ -40,6 +42,15 @@ use crate::encode::output::OutputTarget;
 use crate::encode::rknot::{Profile, RknotOptions};
 use crate::encode::sk32::Sk32Options;
 use crate::format::FileFormat;
+
+/// Jobs waiting to run, at most: a submit beyond this fails. Encodings take
+/// minutes each; a longer queue is a script gone wrong, and every queued
+/// job is rendered in each read of `ctl` and `ctl.json`.
+pub const MAX_QUEUED: usize = 16;
+
+/// Finished jobs (done, failed, cancelled) kept for `ctl`, `ctl.json` and
+/// `jobs/`; the oldest expire first.
+pub const MAX_FINISHED: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobState {
@@ -395,6 +406,7 @@ impl JobManager {
                         *st = JobState::Cancelled;
                         drop(st);
                         lock(&self.shared.queue).retain(|j| j.id != id);
+                        expire_finished(&mut lock(&self.shared.jobs));
                     }
                     JobState::Running => job.progress.cancel(),
                     s => return Err(format!("cancel {id}: job is already {}", s.name())),
@@ -433,6 +445,7 @@ impl JobManager {
                 // Checks against other jobs and the insert under one lock:
                 // two submits cannot both pass.
                 let mut jobs = lock(&self.shared.jobs);
+                let mut queued = 0;
                 for j in jobs.iter() {
                     let state = j.state();
                     if state.finished() {
@@ -446,6 +459,15 @@ impl JobManager {
                             output.display()
                         ));
                     }
+                    if state == JobState::Queued {
+                        queued += 1;
+                    }
+                }
+                if queued >= MAX_QUEUED {
+                    return Err(format!(
+                        "{queued} jobs are queued, the most allowed: wait for some to finish \
+                         or cancel some"
+                    ));
                 }
                 let id = {
                     let mut n = lock(&self.next_id);
@@ -467,6 +489,7 @@ impl JobManager {
                     elapsed: Mutex::new(None),
                 });
                 jobs.push(job.clone());
+                expire_finished(&mut jobs);
                 lock(&self.shared.queue).push_back(job);
                 drop(jobs);
                 self.shared.wake.notify_one();
@@ -577,6 +600,24 @@ fn worker(s: &Shared) {
         );
         *lock(&job.state) = state;
         debug_assert!(state.finished());
+        expire_finished(&mut lock(&s.jobs));
+    }
+}
+
+/// Drop the oldest finished jobs beyond [`MAX_FINISHED`] (the list is in
+/// submission order; queued and running jobs always stay).
+fn expire_finished(jobs: &mut Vec<Arc<Job>>) {
+    let finished = jobs.iter().filter(|j| j.state().finished()).count();
+    let mut excess = finished.saturating_sub(MAX_FINISHED);
+    if excess > 0 {
+        jobs.retain(|j| {
+            if excess > 0 && j.state().finished() {
+                excess -= 1;
+                false
+            } else {
+                true
+            }
+        });
     }
 }
 

@@ -527,3 +527,59 @@ fn failed_commits_leave_nothing_and_long_names_work() {
     assert_eq!(j["state"], "done", "{j}");
     assert_eq!(listing(dir.path()), ["d.knot", long.as_str()]);
 }
+
+/// The job list is bounded: at most 16 queued (a submit beyond fails with
+/// EINVAL and the reason), the last 64 finished; older ones expire from
+/// ctl.json and jobs/.
+#[test]
+fn job_list_is_bounded() {
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mounted::new(&model, &["--jobs-dir", dir.path().to_str().unwrap()]);
+    // One long job keeps the others queued.
+    command(&m, "encode rknot profile=faithful out=slow.rknot").unwrap();
+    wait_state(&m, 1, &["running"], 30);
+    let mut next = 2u64;
+    for round in 0..6 {
+        let first = next;
+        for _ in 0..16 {
+            command(&m, &format!("encode knot out=q{next}.knot"))
+                .unwrap_or_else(|e| panic!("round {round}, job {next}: {e}: {}", last_error(&m)));
+            next += 1;
+        }
+        assert_eq!(
+            command(&m, "encode knot out=one-too-many.knot"),
+            Err(libc::EINVAL)
+        );
+        assert!(last_error(&m).contains("queued"), "{}", last_error(&m));
+        for id in first..next {
+            command(&m, &format!("cancel {id}")).unwrap();
+        }
+        let jobs = ctl_json(&m)["jobs"].as_array().unwrap().len();
+        assert!(jobs <= 1 + 64, "round {round}: {jobs} jobs listed");
+    }
+    // 96 cancelled: the last 64 remain, with the running one.
+    let ids: Vec<u64> = ctl_json(&m)["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_u64().unwrap())
+        .collect();
+    let mut want = vec![1];
+    want.extend(next - 64..next);
+    assert_eq!(ids, want);
+    assert_eq!(listing(&m.path("jobs")).len(), 65);
+    assert!(std::fs::read(m.path("jobs/2")).is_err(), "job 2 expired");
+    assert!(m.ctl().contains(&format!("job {} cancelled", next - 1)));
+    // Job 1 finishing makes it the oldest of 65 finished: it expires.
+    command(&m, "cancel 1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ctl_json(&m)["jobs"][0]["id"] == 1 {
+        assert!(Instant::now() < deadline, "{}", m.ctl());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ctl_json(&m)["jobs"].as_array().unwrap().len(), 64);
+}
