@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 use rknot::backend;
+use rknot::encode::output::OutputTarget;
 use rknot::encode::rknot::{Profile, RknotOptions, encode_rknot};
 use rknot::encode::{Progress, tensor_kind};
 
@@ -47,7 +48,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             o.tensors = Some(format!("blk.{l}.*"));
             let out = dir.path().join(format!("x{l}.rknot"));
             let t0 = std::time::Instant::now();
-            encode_rknot(dense.as_ref(), &out, true, &o, &Progress::default())?;
+            let target = OutputTarget::from_sources(&out, true, &dense.source_files())?;
+            encode_rknot(dense.as_ref(), &target, &o, &Progress::default())?;
             let secs = t0.elapsed().as_secs_f64();
             let enc = backend::open_single(&out, backend::Role::Primary)?;
             for t in enc.tensors().entries() {

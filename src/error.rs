@@ -56,6 +56,10 @@ pub enum ErrorKind {
     Unavailable,
     /// A read outside the tensor's decoded size.
     Range,
+    /// The source file is no longer the version that was opened (rewritten
+    /// in place, truncated, touched): its data may have moved, so nothing
+    /// more is read from it. ESTALE at the filesystem.
+    Changed,
 }
 
 /// The error type. Build with [`Error::new`] and the `path`/`tensor`/`at`
@@ -144,6 +148,11 @@ impl Error {
         match self.kind {
             ErrorKind::NotFound => libc::ENOENT,
             ErrorKind::Range => libc::EINVAL,
+            // "Stale file handle": what the reader holds no longer matches
+            // the file. FUSE passes it through to read(2) unchanged (tested
+            // in tests/sources.rs), and unlike EIO it tells the operator
+            // that the data is fine and the mount is out of date.
+            ErrorKind::Changed => libc::ESTALE,
             _ => libc::EIO,
         }
     }

@@ -14,9 +14,17 @@
 //!   FUSE threads serving reads are never starved;
 //! - NAME is a plain file name (no `/`, no `..`, no leading dot); outputs
 //!   land only in the jobs directory; an existing file is never replaced
-//!   without `overwrite=1`;
+//!   without `overwrite=1` (also not one that appears while the job runs),
+//!   and a source of the mount (the mounted file, its fallback; by device
+//!   and inode, so a hard link too) never; two queued or running jobs never
+//!   share an output;
+//! - jobs read the model through the backend the mount holds open (the
+//!   file it serves, whatever its path names now); outputs get at most the
+//!   permission bits of the mount's source files;
 //! - outputs are written atomically (temp file + fsync + rename): a failed
 //!   or cancelled job, or a killed daemon, leaves nothing at the target;
+//! - at most [`MAX_QUEUED`] jobs wait (a submit beyond fails) and the last
+//!   [`MAX_FINISHED`] finished jobs are kept for `ctl`; older ones expire;
 //! - `shutdown` (unmount) cancels queued and running jobs and waits for them
 //!   to remove their temporary files.
 
@@ -28,11 +36,21 @@ use std::time::{Instant, SystemTime};
 
 use serde_json::{Value, json};
 
-use crate::backend;
+use crate::backend::Backend;
 use crate::encode::Progress;
+use crate::encode::output::OutputTarget;
 use crate::encode::rknot::{Profile, RknotOptions};
 use crate::encode::sk32::Sk32Options;
 use crate::format::FileFormat;
+
+/// Jobs waiting to run, at most: a submit beyond this fails. Encodings take
+/// minutes each; a longer queue is a script gone wrong, and every queued
+/// job is rendered in each read of `ctl` and `ctl.json`.
+pub const MAX_QUEUED: usize = 16;
+
+/// Finished jobs (done, failed, cancelled) kept for `ctl`, `ctl.json` and
+/// `jobs/`; the oldest expire first.
+pub const MAX_FINISHED: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobState {
@@ -271,12 +289,38 @@ impl Job {
     }
 }
 
-/// Where jobs read the model from.
-#[derive(Debug, Clone)]
+/// What jobs read: the backend the mount serves, already open.
+#[derive(Clone)]
 pub struct JobSource {
-    /// The dense model file (GGUF or dense .knot): the mounted source when
-    /// it is dense, else its fallback.
-    pub dense: Option<PathBuf>,
+    /// The mount's backend: its source files (the mounted file and its
+    /// fallback) are what an output must never replace, and their
+    /// permission bits bound the output's.
+    pub mounted: Arc<dyn Backend>,
+    /// The dense model jobs encode from: the mounted backend when it is
+    /// dense, else its fallback; None when the mount has no dense data.
+    pub dense: Option<Arc<dyn Backend>>,
+}
+
+impl JobSource {
+    /// Jobs of a mount serving `backend`.
+    pub fn of_mount(backend: &Arc<dyn Backend>) -> JobSource {
+        let dense = if backend.as_dense().is_some() {
+            Some(backend.clone())
+        } else {
+            backend.fallback_backend()
+        };
+        JobSource {
+            mounted: backend.clone(),
+            dense,
+        }
+    }
+
+    /// Where job outputs go and what they may be: mode and sources from the
+    /// mount's open files.
+    fn target(&self, path: &Path, overwrite: bool) -> Result<OutputTarget, String> {
+        OutputTarget::from_sources(path, overwrite, &self.mounted.source_files())
+            .map_err(|e| e.to_string())
+    }
 }
 
 struct Shared {
@@ -360,7 +404,9 @@ impl JobManager {
                 match *st {
                     JobState::Queued => {
                         *st = JobState::Cancelled;
+                        drop(st);
                         lock(&self.shared.queue).retain(|j| j.id != id);
+                        expire_finished(&mut lock(&self.shared.jobs));
                     }
                     JobState::Running => job.progress.cancel(),
                     s => return Err(format!("cancel {id}: job is already {}", s.name())),
@@ -373,25 +419,55 @@ impl JobManager {
                 overwrite,
             } => {
                 let output = self.shared.jobs_dir.join(&out);
-                if output.exists() && !overwrite {
+                let Some(dense) = &self.shared.source.dense else {
+                    return Err(
+                        "no dense model to encode from (mount a GGUF/.knot, or use --dense)".into(),
+                    );
+                };
+                if matches!(encoding.0, Encoding::Knot)
+                    && !dense
+                        .as_dense()
+                        .is_some_and(|d| d.summary().format == FileFormat::Gguf)
+                {
+                    return Err("encode knot needs a GGUF dense source".into());
+                }
+                if std::fs::symlink_metadata(&output).is_ok() && !overwrite {
                     return Err(format!(
                         "{} exists (add overwrite=1 to replace it)",
                         output.display()
                     ));
                 }
-                if matches!(encoding.0, Encoding::Knot) {
-                    let gguf = self.shared.source.dense.as_ref().is_some_and(|d| {
-                        d.extension()
-                            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-                    });
-                    if !gguf {
-                        return Err("encode knot needs a GGUF dense source".into());
+                self.shared
+                    .source
+                    .target(&output, overwrite)?
+                    .check_not_a_source()
+                    .map_err(|e| e.to_string())?;
+                // Checks against other jobs and the insert under one lock:
+                // two submits cannot both pass.
+                let mut jobs = lock(&self.shared.jobs);
+                let mut queued = 0;
+                for j in jobs.iter() {
+                    let state = j.state();
+                    if state.finished() {
+                        continue;
+                    }
+                    if j.output == output {
+                        return Err(format!(
+                            "job {} ({}) already writes {}",
+                            j.id,
+                            state.name(),
+                            output.display()
+                        ));
+                    }
+                    if state == JobState::Queued {
+                        queued += 1;
                     }
                 }
-                if self.shared.source.dense.is_none() {
-                    return Err(
-                        "no dense model to encode from (mount a GGUF/.knot, or use --dense)".into(),
-                    );
+                if queued >= MAX_QUEUED {
+                    return Err(format!(
+                        "{queued} jobs are queued, the most allowed: wait for some to finish \
+                         or cancel some"
+                    ));
                 }
                 let id = {
                     let mut n = lock(&self.next_id);
@@ -412,8 +488,10 @@ impl JobManager {
                     started: Mutex::new(None),
                     elapsed: Mutex::new(None),
                 });
-                lock(&self.shared.jobs).push(job.clone());
+                jobs.push(job.clone());
+                expire_finished(&mut jobs);
                 lock(&self.shared.queue).push_back(job);
+                drop(jobs);
                 self.shared.wake.notify_one();
                 Ok(format!("job {id} queued"))
             }
@@ -451,7 +529,10 @@ impl JobManager {
     /// Cancel everything and wait for running jobs to clean up.
     pub fn shutdown(&self) {
         *lock(&self.shared.stopping) = true;
-        for j in lock(&self.shared.queue).drain(..) {
+        // Not holding the queue while taking a job's state: `cancel` takes
+        // them the other way round.
+        let queued: Vec<Arc<Job>> = lock(&self.shared.queue).drain(..).collect();
+        for j in queued {
             *lock(&j.state) = JobState::Cancelled;
         }
         for j in self.jobs() {
@@ -519,45 +600,42 @@ fn worker(s: &Shared) {
         );
         *lock(&job.state) = state;
         debug_assert!(state.finished());
+        expire_finished(&mut lock(&s.jobs));
+    }
+}
+
+/// Drop the oldest finished jobs beyond [`MAX_FINISHED`] (the list is in
+/// submission order; queued and running jobs always stay).
+fn expire_finished(jobs: &mut Vec<Arc<Job>>) {
+    let finished = jobs.iter().filter(|j| j.state().finished()).count();
+    let mut excess = finished.saturating_sub(MAX_FINISHED);
+    if excess > 0 {
+        jobs.retain(|j| {
+            if excess > 0 && j.state().finished() {
+                excess -= 1;
+                false
+            } else {
+                true
+            }
+        });
     }
 }
 
 fn run(s: &Shared, job: &Job) -> Result<(), String> {
-    let dense = s.source.dense.as_ref().ok_or("no dense source")?;
-    match &job.encoding {
+    let dense = s.source.dense.as_deref().ok_or("no dense source")?;
+    let target = s.source.target(&job.output, job.overwrite)?;
+    let result = match &job.encoding {
         Encoding::Knot => {
-            crate::encode::knot::encode_knot(dense, &job.output, job.overwrite, &job.progress)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            crate::encode::knot::encode_knot(dense, &target, &job.progress).map(|_| ())
         }
         Encoding::Sk32(o) => {
-            let b = backend::open(dense, None).map_err(|e| e.to_string())?;
-            crate::encode::sk32::encode_sk32(
-                b.as_ref(),
-                &job.output,
-                job.overwrite,
-                o,
-                &job.progress,
-            )
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            crate::encode::sk32::encode_sk32(dense, &target, o, &job.progress).map(|_| ())
         }
         Encoding::Rknot(o) => {
-            let b = backend::open(dense, None).map_err(|e| e.to_string())?;
-            if b.summary().format.is_primary_kind() || b.summary().format == FileFormat::Rknot {
-                return Err("the dense source must be GGUF or dense .knot".into());
-            }
-            crate::encode::rknot::encode_rknot(
-                b.as_ref(),
-                &job.output,
-                job.overwrite,
-                o,
-                &job.progress,
-            )
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+            crate::encode::rknot::encode_rknot(dense, &target, o, &job.progress).map(|_| ())
         }
-    }
+    };
+    result.map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -619,9 +697,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = JobManager::new(
             dir.path().to_path_buf(),
-            JobSource {
-                dense: Some(demo()),
-            },
+            JobSource::of_mount(&Arc::from(crate::backend::open(&demo(), None).unwrap())),
             1,
             2,
         );

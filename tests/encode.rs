@@ -260,6 +260,79 @@ fn killed_encoding_leaves_no_target() {
     }
 }
 
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `rknot encode` creates its output with at most the input's permission
+/// bits: a 0600 model gives a 0600 encoding, never 0644.
+#[test]
+fn encode_output_mode_follows_the_input() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, kind, extra) in [
+        (0o600, "knot", &[][..]),
+        (0o640, "sk32", &["--rank", "4"][..]),
+        (0o604, "rknot", &[][..]),
+    ] {
+        let model = dir.path().join(format!("m{mode:o}.gguf"));
+        std::fs::copy(demo_path("tiny-llama.gguf"), &model).unwrap();
+        std::fs::set_permissions(&model, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = dir.path().join(format!("m{mode:o}.{kind}"));
+        let o = run_rknot(&encode_args(kind, &model, &out, extra));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let got = std::fs::metadata(&out).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(got, mode, "{kind} of a {mode:o} model is {got:o}");
+    }
+}
+
+/// `rknot encode` never writes over its own input, with --overwrite, under
+/// its name or a hard link's; and it leaves no temporary file behind.
+#[test]
+fn encode_refuses_to_overwrite_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.gguf");
+    std::fs::copy(demo_path("tiny-llama.gguf"), &model).unwrap();
+    let link = dir.path().join("link.gguf");
+    std::fs::hard_link(&model, &link).unwrap();
+    let before = std::fs::read(&model).unwrap();
+    for out in [&model, &link] {
+        for kind in ["knot", "sk32"] {
+            let o = run_rknot(&encode_args(kind, &model, out, &["--overwrite"]));
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(1), "{kind} -o {out:?}: {stderr}");
+            assert!(stderr.contains("same device and inode"), "{stderr}");
+        }
+    }
+    assert_eq!(std::fs::read(&model).unwrap(), before);
+    assert_eq!(names_in(dir.path()), ["link.gguf", "model.gguf"]);
+}
+
+/// A commit that fails (the output is a directory) removes the temporary
+/// file; the longest file name (255 bytes) works as an output.
+#[test]
+fn encode_failed_commit_leaves_nothing_and_long_names_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_path("tiny-llama.gguf");
+    let target = dir.path().join("d.knot");
+    std::fs::create_dir(&target).unwrap();
+    let o = run_rknot(&encode_args("knot", &model, &target, &["--overwrite"]));
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(names_in(dir.path()), ["d.knot"]);
+    let long = dir.path().join("n".repeat(255));
+    let o = run_rknot(&encode_args("knot", &model, &long, &[]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        names_in(dir.path()),
+        ["d.knot".to_string(), "n".repeat(255)]
+    );
+}
+
 /// Measured facts for docs/QUALITY.md (printed, not asserted): K/V energy
 /// inside the standing dimensions at coverage 0.3, and the seed's
 /// σ1 >= 8·σ2 "cliff" predicate over every block matrix. Not run by default:

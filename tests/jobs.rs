@@ -22,7 +22,7 @@ fn job(m: &Mounted, id: u64) -> serde_json::Value {
         .iter()
         .find(|j| j["id"] == id)
         .cloned()
-        .unwrap_or_else(|| panic!("no job {id}"))
+        .unwrap_or_else(|| panic!("no job {id}: {}", m.ctl()))
 }
 
 /// Write one command to ctl; Err(errno) when the write is refused.
@@ -273,4 +273,313 @@ fn other_users_cannot_start_jobs() {
     guard.exited();
     assert!(st.success());
     assert!(!base.path().join("x.knot").exists());
+}
+
+/// Copy `from` to `dir/name` with permission bits `mode`.
+fn copy_with_mode(from: &Path, dir: &Path, name: &str, mode: u32) -> std::path::PathBuf {
+    let to = dir.join(name);
+    std::fs::copy(from, &to).unwrap();
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).unwrap();
+    to
+}
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+fn last_error(m: &Mounted) -> String {
+    ctl_json(m)["last_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A job's output has at most the permission bits of the mount's source
+/// files (the mounted file and its fallback): a private model never yields
+/// a world-readable encoding.
+#[test]
+fn job_outputs_get_at_most_the_sources_mode() {
+    if !fuse_available() {
+        return;
+    }
+    // (mounted file, its mode, fallback and its mode, expected output mode)
+    let cases = [
+        ("tiny-llama.gguf", 0o600, None, 0o600),
+        (
+            "tiny-llama.sk32",
+            0o644,
+            Some(("tiny-llama.gguf", 0o640)),
+            0o640,
+        ),
+        (
+            "tiny-llama.sk32",
+            0o604,
+            Some(("tiny-llama.gguf", 0o640)),
+            0o600,
+        ),
+    ];
+    for (source, mode, fallback, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let src = copy_with_mode(&demo_path(source), dir.path(), source, mode);
+        let mut args = vec!["--jobs-dir", dir.path().to_str().unwrap()];
+        let fb;
+        if let Some((name, mode)) = fallback {
+            fb = copy_with_mode(&demo_path(name), dir.path(), name, mode);
+            args.extend(["--dense", fb.to_str().unwrap()]);
+        }
+        let m = Mounted::new(&src, &args);
+        command(&m, "encode knot out=k.knot").unwrap();
+        command(&m, "encode sk32 rank=4 out=s.sk32").unwrap();
+        for (id, out) in [(1, "k.knot"), (2, "s.sk32")] {
+            let j = wait_state(&m, id, &["done", "failed", "cancelled"], 60);
+            assert_eq!(j["state"], "done", "{j}");
+            let got = mode_of(&dir.path().join(out));
+            assert_eq!(
+                got, want,
+                "{source} {mode:o} over {fallback:?}: {out} is {got:o}, want {want:o}"
+            );
+        }
+    }
+}
+
+/// Wait until job `id` has encoded a tensor: its output (the temporary
+/// file) exists by then.
+fn wait_started(m: &Mounted, id: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let j = job(m, id);
+        if j["state"] == "running" && j["tensors_done"].as_u64().unwrap() > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline && j["state"] != "failed", "{j}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Nothing replaces a file that is not the job's to replace: a second job
+/// with the same output is refused at submit, and a file that appears at the
+/// target while the job runs (by hand, or written by `rknot encode`)
+/// survives; the job fails naming it and leaves no temporary file.
+#[test]
+fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let m = Mounted::new(&model, &["--jobs-dir", out.path().to_str().unwrap()]);
+    command(&m, "encode sk32 rank=8 out=a.sk32").unwrap();
+    command(&m, "encode sk32 rank=8 out=b.sk32").unwrap();
+    for line in [
+        "encode knot out=a.sk32",
+        "encode knot out=a.sk32 overwrite=1",
+        "encode sk32 rank=4 out=b.sk32 overwrite=1",
+    ] {
+        assert_eq!(command(&m, line), Err(libc::EINVAL), "{line}");
+        let e = last_error(&m);
+        assert!(e.contains("already writes"), "{line}: {e}");
+    }
+    // While job 1 runs, a file by hand at a.sk32; while job 2 runs,
+    // `rknot encode` writes b.sk32.
+    wait_started(&m, 1);
+    std::fs::write(out.path().join("a.sk32"), b"mine").unwrap();
+    let j = job(&m, 1);
+    assert_eq!(j["state"], "running", "finished too early to test: {j}");
+    let j = wait_state(&m, 1, &["done", "failed", "cancelled"], 300);
+    assert_eq!(j["state"], "failed", "{j}");
+    let e = j["error"].as_str().unwrap();
+    assert!(e.contains("appeared") && e.contains("a.sk32"), "{e}");
+    wait_started(&m, 2);
+    let cli = Command::new(rknot_bin())
+        .args(["encode", "knot", model.to_str().unwrap(), "-o"])
+        .arg(out.path().join("b.sk32"))
+        .output()
+        .unwrap();
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let cli_bytes = std::fs::read(out.path().join("b.sk32")).unwrap();
+    let j = job(&m, 2);
+    assert_eq!(j["state"], "running", "finished too early to test: {j}");
+    let j = wait_state(&m, 2, &["done", "failed", "cancelled"], 300);
+    assert_eq!(j["state"], "failed", "{j}");
+    let e = j["error"].as_str().unwrap();
+    assert!(e.contains("appeared") && e.contains("b.sk32"), "{e}");
+    assert_eq!(std::fs::read(out.path().join("a.sk32")).unwrap(), b"mine");
+    assert_eq!(std::fs::read(out.path().join("b.sk32")).unwrap(), cli_bytes);
+    assert_eq!(listing(out.path()), ["a.sk32", "b.sk32"]);
+}
+
+/// A job may never write over a source of the mount (the mounted file, the
+/// fallback; under any name, a hard link included), with or without
+/// overwrite=1.
+#[test]
+fn jobs_never_overwrite_a_source_of_the_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("model.gguf");
+    std::fs::copy(demo_path("tiny-llama.gguf"), &gguf).unwrap();
+    let sk = dir.path().join("model.sk32");
+    std::fs::copy(demo_path("tiny-llama.sk32"), &sk).unwrap();
+    std::fs::hard_link(&gguf, dir.path().join("link.gguf")).unwrap();
+    std::fs::hard_link(&sk, dir.path().join("link.sk32")).unwrap();
+    let before = [&gguf, &sk].map(|p| sha256_hex(&std::fs::read(p).unwrap()));
+    // (mounted file, fallback, the names of its sources in the jobs dir)
+    let mounts = [
+        (&gguf, None, &["model.gguf", "link.gguf"][..]),
+        (
+            &sk,
+            Some(&gguf),
+            &["model.gguf", "link.gguf", "model.sk32", "link.sk32"][..],
+        ),
+    ];
+    for (source, dense, names) in mounts {
+        let mut args = vec![];
+        if let Some(d) = dense {
+            args.extend(["--dense", d.to_str().unwrap()]);
+        }
+        let m = Mounted::new(source, &args);
+        for name in names {
+            for kind in ["knot", "sk32 rank=4"] {
+                let line = format!("encode {kind} out={name} overwrite=1");
+                assert_eq!(command(&m, &line), Err(libc::EINVAL), "{line}");
+                let e = last_error(&m);
+                assert!(e.contains("same device and inode"), "{line}: {e}");
+            }
+        }
+        assert!(
+            ctl_json(&m)["jobs"].as_array().unwrap().is_empty(),
+            "nothing queued"
+        );
+    }
+    assert_eq!(
+        [&gguf, &sk].map(|p| sha256_hex(&std::fs::read(p).unwrap())),
+        before
+    );
+}
+
+/// Jobs encode the model the mount serves, read through its open file: a
+/// different model renamed over the source path changes nothing.
+#[test]
+fn jobs_read_the_mounted_file_not_the_path() {
+    let Some(smol) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.gguf");
+    std::fs::copy(demo_path("tiny-llama.gguf"), &source).unwrap();
+    let m = Mounted::new(&source, &[]);
+    let other = dir.path().join("other.gguf");
+    std::fs::copy(&smol, &other).unwrap();
+    std::fs::rename(&other, &source).unwrap();
+    command(&m, "encode knot out=k.knot").unwrap();
+    command(&m, "encode sk32 rank=4 out=s.sk32").unwrap();
+    for id in [1, 2] {
+        let j = wait_state(&m, id, &["done", "failed", "cancelled"], 300);
+        assert_eq!(j["state"], "done", "{j}");
+    }
+    // The repack holds exactly the mount's tensors, byte for byte.
+    let knot = rknot::backend::open(&dir.path().join("k.knot"), None).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.path("index.json")).unwrap()).unwrap();
+    let served = index["tensors"].as_array().unwrap();
+    assert_eq!(knot.tensors().len(), served.len());
+    for t in knot.tensors().entries() {
+        let want = std::fs::read(m.path(&format!("{}.f32", t.name.dot))).unwrap();
+        assert_eq!(
+            decode_bytes(knot.as_ref(), &t.name.dot),
+            want,
+            "{}",
+            t.name.dot
+        );
+    }
+    // The sketches have the mounted model's shapes.
+    let sk = rknot::backend::open(&dir.path().join("s.sk32"), None).unwrap();
+    let q = sk.find("blk.0.attn_q.weight").unwrap();
+    assert_eq!(sk.tensors().entries()[q].shape, [256, 256]);
+}
+
+/// A commit that fails (the output is a directory) leaves no temporary
+/// file; an out= name of 255 bytes (the longest accepted) works.
+#[test]
+fn failed_commits_leave_nothing_and_long_names_work() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mounted::new(
+        &demo_path("tiny-llama.gguf"),
+        &["--jobs-dir", dir.path().to_str().unwrap()],
+    );
+    std::fs::create_dir(dir.path().join("d.knot")).unwrap();
+    command(&m, "encode knot out=d.knot overwrite=1").unwrap();
+    let j = wait_state(&m, 1, &["done", "failed", "cancelled"], 60);
+    assert_eq!(j["state"], "failed", "{j}");
+    assert_eq!(listing(dir.path()), ["d.knot"]);
+    let long = "k".repeat(255);
+    command(&m, &format!("encode knot out={long}")).unwrap();
+    let j = wait_state(&m, 2, &["done", "failed", "cancelled"], 60);
+    assert_eq!(j["state"], "done", "{j}");
+    assert_eq!(listing(dir.path()), ["d.knot", long.as_str()]);
+}
+
+/// The job list is bounded: at most 16 queued (a submit beyond fails with
+/// EINVAL and the reason), the last 64 finished; older ones expire from
+/// ctl.json and jobs/.
+#[test]
+fn job_list_is_bounded() {
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mounted::new(&model, &["--jobs-dir", dir.path().to_str().unwrap()]);
+    // One long job keeps the others queued.
+    command(&m, "encode rknot profile=faithful out=slow.rknot").unwrap();
+    wait_state(&m, 1, &["running"], 30);
+    let mut next = 2u64;
+    for round in 0..6 {
+        let first = next;
+        for _ in 0..16 {
+            command(&m, &format!("encode knot out=q{next}.knot"))
+                .unwrap_or_else(|e| panic!("round {round}, job {next}: {e}: {}", last_error(&m)));
+            next += 1;
+        }
+        assert_eq!(
+            command(&m, "encode knot out=one-too-many.knot"),
+            Err(libc::EINVAL)
+        );
+        assert!(last_error(&m).contains("queued"), "{}", last_error(&m));
+        for id in first..next {
+            command(&m, &format!("cancel {id}")).unwrap();
+        }
+        let jobs = ctl_json(&m)["jobs"].as_array().unwrap().len();
+        assert!(jobs <= 1 + 64, "round {round}: {jobs} jobs listed");
+    }
+    // 96 cancelled: the last 64 remain, with the running one.
+    let ids: Vec<u64> = ctl_json(&m)["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_u64().unwrap())
+        .collect();
+    let mut want = vec![1];
+    want.extend(next - 64..next);
+    assert_eq!(ids, want);
+    assert_eq!(listing(&m.path("jobs")).len(), 65);
+    assert!(std::fs::read(m.path("jobs/2")).is_err(), "job 2 expired");
+    assert!(m.ctl().contains(&format!("job {} cancelled", next - 1)));
+    // Job 1 finishing makes it the oldest of 65 finished: it expires.
+    command(&m, "cancel 1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ctl_json(&m)["jobs"][0]["id"] == 1 {
+        assert!(Instant::now() < deadline, "{}", m.ctl());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ctl_json(&m)["jobs"].as_array().unwrap().len(), 64);
 }

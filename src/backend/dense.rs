@@ -108,6 +108,37 @@ impl DenseBackend {
     }
 }
 
+impl DenseBackend {
+    /// The stored bytes (ggml blocks, verbatim) of tensor `index` from byte
+    /// `offset` of the tensor's data, into `buf`; checked against the
+    /// tensor's stored size. Read through the open file: what the mount
+    /// serves, whatever the path names now.
+    pub fn read_stored(&self, index: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (info, ext) = match (self.table.info(index), self.extents.get(index)) {
+            (Some(i), Some(e)) => (i, e),
+            _ => return Err(super::no_such_index(index)),
+        };
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > info.stored_bytes)
+        {
+            return Err(err(
+                ErrorKind::Range,
+                format!(
+                    "stored bytes [{offset}, {offset}+{}) are outside the tensor's {}",
+                    buf.len(),
+                    info.stored_bytes
+                ),
+            )
+            .tensor(&info.name.dot));
+        }
+        // Inside the tensor's byte range, validated against the file at open.
+        self.src
+            .read_at(ext.offset + offset, buf)
+            .map_err(|e| e.tensor(&info.name.dot))
+    }
+}
+
 /// One tensor as a dense reader found it, in the served (outer-first) shape.
 struct StoredTensor<'a> {
     name: &'a str,
@@ -130,6 +161,14 @@ fn availability(ty: GgmlType) -> Availability {
 impl Backend for DenseBackend {
     fn summary(&self) -> &SourceSummary {
         &self.summary
+    }
+
+    fn source_files(&self) -> Vec<&SourceFile> {
+        vec![&self.src]
+    }
+
+    fn as_dense(&self) -> Option<&DenseBackend> {
+        Some(self)
     }
 
     fn tensors(&self) -> &TensorTable {

@@ -10,9 +10,12 @@
 //! - a primary tensor whose shape disagrees with the fallback's is an error
 //!   at open naming both shapes.
 
+use std::sync::Arc;
+
 use crate::backend::{Availability, Backend, Role, SourceSummary, TensorInfo, TensorTable};
 use crate::error::{ErrorKind, Result, err};
 use crate::names;
+use crate::source::SourceFile;
 
 #[derive(Debug, Clone, Copy)]
 enum Route {
@@ -24,7 +27,8 @@ enum Route {
 
 pub struct LayeredBackend {
     primary: Box<dyn Backend>,
-    fallback: Option<Box<dyn Backend>>,
+    /// Shared: encoding jobs read the dense model through it.
+    fallback: Option<Arc<dyn Backend>>,
     table: TensorTable,
     routes: Vec<Route>,
 }
@@ -103,7 +107,7 @@ impl LayeredBackend {
         }
         Ok(LayeredBackend {
             primary,
-            fallback,
+            fallback: fallback.map(Arc::from),
             table,
             routes,
         })
@@ -121,6 +125,18 @@ impl Backend for LayeredBackend {
 
     fn tensors(&self) -> &TensorTable {
         &self.table
+    }
+
+    fn source_files(&self) -> Vec<&SourceFile> {
+        let mut files = self.primary.source_files();
+        if let Some(fb) = &self.fallback {
+            files.extend(fb.source_files());
+        }
+        files
+    }
+
+    fn fallback_backend(&self) -> Option<Arc<dyn Backend>> {
+        self.fallback.clone()
     }
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {

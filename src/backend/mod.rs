@@ -15,6 +15,7 @@ use crate::format::FileFormat;
 use crate::format::meta::Metadata;
 use crate::names::{NameIndex, TensorName};
 use crate::quant::GgmlType;
+use crate::source::SourceFile;
 
 mod dense;
 mod layered;
@@ -193,6 +194,22 @@ pub trait Backend: Send + Sync {
     /// Decode elements `[first_elem, first_elem + out.len())` of tensor
     /// `index` (row-major over the served shape) into `out`.
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()>;
+
+    /// The files this backend reads, as opened: what an encoding made from
+    /// it must never replace, and whose permission bits bound the output's.
+    fn source_files(&self) -> Vec<&SourceFile> {
+        Vec::new()
+    }
+
+    /// A layered backend's dense fallback, shared (jobs encode from it).
+    fn fallback_backend(&self) -> Option<Arc<dyn Backend>> {
+        None
+    }
+
+    /// This backend as a dense one, whose ggml blocks can be copied verbatim.
+    fn as_dense(&self) -> Option<&DenseBackend> {
+        None
+    }
 }
 
 impl dyn Backend + '_ {

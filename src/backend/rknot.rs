@@ -113,6 +113,10 @@ impl Backend for RknotBackend {
         &self.table
     }
 
+    fn source_files(&self) -> Vec<&SourceFile> {
+        vec![&self.src]
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (_, t) = entry_for_read(
             &self.table,

@@ -72,6 +72,10 @@ impl Backend for SketchBackend {
         &self.table
     }
 
+    fn source_files(&self) -> Vec<&SourceFile> {
+        vec![&self.src]
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, s) = entry_for_read(&self.table, &self.sketches, index, first_elem, out.len())?;
         if out.is_empty() {

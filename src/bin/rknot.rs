@@ -50,7 +50,9 @@ enum Cmd {
     },
     /// Encode a dense model (GGUF or dense .knot) into SK32, .rknot or
     /// dense .knot. Writes a temporary file next to the output, then
-    /// renames it: a failed or killed encoding leaves nothing at OUT.
+    /// renames it: a failed or killed encoding leaves nothing at OUT. OUT
+    /// gets at most the input's permission bits; an existing OUT is replaced
+    /// only with --overwrite, and the input itself never.
     Encode {
         #[command(subcommand)]
         what: EncodeCmd,
@@ -252,6 +254,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
+    use rknot::encode::output::OutputTarget;
     use rknot::encode::{self, Progress};
     let progress = Progress::for_cli();
     let t0 = std::time::Instant::now();
@@ -277,7 +280,8 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
                 refit: !no_refit,
                 ..Default::default()
             };
-            let entries = encode::sk32::encode_sk32(b.as_ref(), &out, overwrite, &o, &progress)?;
+            let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
+            let entries = encode::sk32::encode_sk32(b.as_ref(), &target, &o, &progress)?;
             let mean_rank =
                 entries.iter().map(|e| e.rank as f64).sum::<f64>() / entries.len().max(1) as f64;
             (
@@ -316,7 +320,8 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
                 tensors,
                 ..Default::default()
             };
-            let entries = encode::rknot::encode_rknot(b.as_ref(), &out, overwrite, &o, &progress)?;
+            let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
+            let entries = encode::rknot::encode_rknot(b.as_ref(), &target, &o, &progress)?;
             let bits: f64 = entries.iter().map(|e| e.stored_bytes as f64 * 8.0).sum();
             let n: f64 = entries.iter().map(|e| e.n_elements as f64).sum();
             (
@@ -333,7 +338,9 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             out,
             overwrite,
         } => {
-            encode::knot::encode_knot(&gguf, &out, overwrite, &progress)?;
+            let b = backend::open(&gguf, None)?;
+            let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
+            encode::knot::encode_knot(b.as_ref(), &target, &progress)?;
             (out, "dense .knot".to_string())
         }
     };

@@ -1,61 +1,73 @@
 //! GGUF -> dense .knot repack: ggml blocks verbatim, underscore names, the
-//! GGUF key/values as the .knot metadata. Blocks are streamed from the
-//! source in bounded pieces; nothing is decoded.
+//! GGUF key/values as the .knot metadata. Blocks are streamed in bounded
+//! pieces from the dense backend's open file (for a `ctl` job, the file the
+//! mount serves, whatever its path names now); nothing is decoded.
 
 use std::io::Write;
-use std::path::Path;
 
+use crate::backend::{Backend, StoredType};
 use crate::encode::Progress;
-use crate::encode::output::AtomicOutput;
+use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::error::{ErrorKind, Result, err};
-use crate::format::gguf::GgufFile;
+use crate::format::FileFormat;
 use crate::format::knot::write_knot_with;
-use crate::source::SourceFile;
+use crate::quant::GgmlType;
 
 /// Bytes copied per read while streaming a tensor.
 const COPY_PIECE: u64 = 4 << 20;
 
-/// Repack `gguf` into a dense .knot at `out`; returns the bytes written.
-pub fn encode_knot(gguf: &Path, out: &Path, overwrite: bool, progress: &Progress) -> Result<u64> {
-    let src = SourceFile::open(gguf)?;
-    let g = GgufFile::read(&src)?;
-    if let Some(t) = g.tensors.iter().find(|t| !t.ty.is_decodable()) {
-        return Err(err(
-            ErrorKind::UnsupportedType,
-            format!("{} cannot be stored in a dense .knot", t.ty),
-        )
-        .tensor(&t.name)
-        .path(gguf));
+/// Repack the GGUF behind `gguf` (a dense backend) into a dense .knot at
+/// `out`; returns the bytes written.
+pub fn encode_knot(gguf: &dyn Backend, out: &OutputTarget, progress: &Progress) -> Result<u64> {
+    let path = &gguf.summary().path;
+    let dense = gguf
+        .as_dense()
+        .filter(|d| d.summary().format == FileFormat::Gguf)
+        .ok_or_else(|| {
+            err(
+                ErrorKind::BadValue,
+                format!(
+                    "encode knot repacks a GGUF; this is {}",
+                    gguf.summary().format
+                ),
+            )
+            .path(path)
+        })?;
+    let entries = dense.tensors().entries();
+    let mut layout: Vec<(&str, GgmlType, &[u64])> = Vec::with_capacity(entries.len());
+    for t in entries {
+        match t.stored {
+            StoredType::Ggml(ty) if ty.is_decodable() => {
+                layout.push((t.name.dot.as_str(), ty, t.shape.as_slice()))
+            }
+            ref other => {
+                return Err(err(
+                    ErrorKind::UnsupportedType,
+                    format!("{other} cannot be stored in a dense .knot"),
+                )
+                .tensor(&t.name.dot)
+                .path(path));
+            }
+        }
     }
-    let shapes: Vec<Vec<u64>> = g
-        .tensors
-        .iter()
-        .map(|t| t.dims.iter().rev().copied().collect())
-        .collect();
-    let layout: Vec<(&str, crate::quant::GgmlType, &[u64])> = g
-        .tensors
-        .iter()
-        .zip(&shapes)
-        .map(|(t, s)| (t.name.as_str(), t.ty, s.as_slice()))
-        .collect();
-    progress.start(g.tensors.len() as u64);
-    let mut o = AtomicOutput::create(out, overwrite)?;
+    progress.start(entries.len() as u64);
+    let mut o = AtomicOutput::create(out)?;
     let mut buf = vec![0u8; COPY_PIECE as usize];
-    write_knot_with(&mut o, &g.metadata, &layout, |i, w| {
+    write_knot_with(&mut o, &dense.summary().metadata, &layout, |i, w| {
         progress.check()?;
-        let t = &g.tensors[i];
+        let t = &entries[i];
         let mut done = 0u64;
-        while done < t.n_bytes {
-            let n = COPY_PIECE.min(t.n_bytes - done) as usize;
-            src.read_at(t.offset + done, &mut buf[..n])?;
+        while done < t.stored_bytes {
+            let n = COPY_PIECE.min(t.stored_bytes - done) as usize;
+            dense.read_stored(i, done, &mut buf[..n])?;
             w.write_all(&buf[..n])
-                .map_err(|e| err(ErrorKind::Io, format!("write: {e}")).path(out))?;
+                .map_err(|e| err(ErrorKind::Io, format!("write: {e}")).path(&out.path))?;
             done += n as u64;
         }
         progress
             .bytes_written
             .store(w.bytes_written(), std::sync::atomic::Ordering::Relaxed);
-        progress.tick(&t.name);
+        progress.tick(&t.name.dot);
         Ok(())
     })?;
     let n = o.commit()?;

@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use rayon::prelude::*;
 
 use crate::backend::Backend;
-use crate::encode::output::AtomicOutput;
+use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::encode::{Progress, block_matrices, read_tensor, tensor_kind, tensor_layer};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
@@ -535,8 +535,7 @@ pub struct RknotEntry {
 /// Encode the attention and FFN matrices of every layer of `dense`.
 pub fn encode_rknot(
     dense: &dyn Backend,
-    out: &std::path::Path,
-    overwrite: bool,
+    out: &OutputTarget,
     o: &RknotOptions,
     progress: &Progress,
 ) -> Result<Vec<RknotEntry>> {
@@ -575,7 +574,7 @@ pub fn encode_rknot(
     let num_layers = num_layers.max(layers.keys().max().map_or(0, |l| l + 1));
     let total: usize = layers.values().map(Vec::len).sum();
     progress.start(total as u64);
-    let mut output = AtomicOutput::create(out, overwrite)?;
+    let mut output = AtomicOutput::create(out)?;
     let mut layer_out = Vec::new();
     let mut entries = Vec::new();
     for (&index, mats) in &layers {

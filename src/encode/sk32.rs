@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::encode::linalg::{Mat, matmul, randomized_svd, symmetric_eigen};
-use crate::encode::output::AtomicOutput;
+use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::encode::{Progress, block_matrices, read_tensor};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::sk32::{Sketch, write_sk32};
@@ -245,8 +245,7 @@ pub struct Sk32Entry {
 /// Encode every block matrix of `dense` into an SK32 file at `out`.
 pub fn encode_sk32(
     dense: &dyn Backend,
-    out: &std::path::Path,
-    overwrite: bool,
+    out: &OutputTarget,
     o: &Sk32Options,
     progress: &Progress,
 ) -> Result<Vec<Sk32Entry>> {
@@ -258,7 +257,7 @@ pub fn encode_sk32(
     }
     progress.start(targets.len() as u64);
     // Create the output first: an existing target fails before any work.
-    let mut output = AtomicOutput::create(out, overwrite)?;
+    let mut output = AtomicOutput::create(out)?;
     let results: Vec<Result<SketchResult>> = targets
         .par_iter()
         .map(|&(i, t)| {

@@ -96,10 +96,8 @@ pub struct FsConfig {
 /// Where `ctl` encoding jobs read and write.
 #[derive(Debug, Clone)]
 pub struct JobsConfig {
-    /// Outputs land only here.
+    /// Outputs land only here. Jobs read the mount's own backend.
     pub dir: std::path::PathBuf,
-    /// The dense model jobs encode from (None: only `cancel` works).
-    pub dense: Option<std::path::PathBuf>,
     /// Jobs running at once; the rest queue.
     pub max_running: usize,
     /// Threads per job (at lower CPU priority than the FUSE threads).
@@ -254,9 +252,7 @@ impl TensorFs {
         let jobs = config.jobs.as_ref().map(|j| {
             crate::jobs::JobManager::new(
                 j.dir.clone(),
-                crate::jobs::JobSource {
-                    dense: j.dense.clone(),
-                },
+                crate::jobs::JobSource::of_mount(&backend),
                 j.max_running,
                 j.threads,
             )

@@ -113,7 +113,7 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         }),
         prefetch_threads: opts.prefetch_threads.unwrap_or_else(n_cpus),
         views: req.views.or(opts.views).unwrap_or_default(),
-        jobs: jobs_config(req, &opts, &source, dense.as_deref(), backend.as_ref())?,
+        jobs: jobs_config(req, &opts, &source)?,
         ..FsConfig::default()
     };
     let mut fuse_config = Config::default();
@@ -145,13 +145,12 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
 
 /// Encoding jobs through `ctl`: outputs go to `--jobs-dir` (default: the
 /// source file's directory); they encode from the mounted model's dense
-/// data (the source when it is dense, else the fallback).
+/// data (the source when it is dense, else the fallback), read through the
+/// mount's open backend (`jobs::JobSource::of_mount`).
 fn jobs_config(
     req: &MountRequest,
     opts: &options::MountOpts,
     source: &Path,
-    dense: Option<&Path>,
-    b: &dyn Backend,
 ) -> Result<Option<crate::fs::JobsConfig>, String> {
     if opts.no_jobs {
         return Ok(None);
@@ -172,14 +171,8 @@ fn jobs_config(
             dir.display()
         ));
     }
-    let dense_source = if b.summary().format.is_primary_kind() {
-        dense.map(Path::to_path_buf)
-    } else {
-        Some(source.to_path_buf())
-    };
     Ok(Some(crate::fs::JobsConfig {
         dir,
-        dense: dense_source,
         max_running: opts.max_jobs.unwrap_or(1).max(1),
         // One core is left to the FUSE threads.
         threads: n_cpus().saturating_sub(1).max(1),

@@ -1,0 +1,217 @@
+//! Source files: where the bytes of a model come from, and which version of
+//! them a mount serves.
+//!
+//! - [`SourceFile`] (`local`): a local file read by `pread(2)` only, never
+//!   mapped, with a check after every read that the file is still the
+//!   version that was opened ([`SourceVersion`]).
+//! - [`SourceVersion`]: the identity of one version of a source file
+//!   (device, inode, size, mtime, ctime). It is a small plain value: it
+//!   prints, compares and hashes, so it can key a cache of decoded files or
+//!   stand for the version of a remote object.
+//!
+//! Why the check: the headers a backend parsed at open fix where every
+//! tensor's bytes are. A file rewritten in place (`cp new.gguf model.gguf`
+//! keeps the inode) may move the data, and reads at the old offsets would
+//! decode the wrong bytes without any error. A change of size or mtime is a
+//! `Changed` error (ESTALE at the filesystem), and it is sticky: once a
+//! source is seen changed, nothing more is read from it.
+
+mod local;
+
+use std::fmt;
+
+pub use local::SourceFile;
+
+/// A file timestamp: seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileTime {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl fmt::Display for FileTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{:09}", self.secs, self.nanos)
+    }
+}
+
+/// One version of a source file, as `fstat` saw it.
+///
+/// Device and inode say which file it is; size and mtime which contents:
+/// every `write(2)` and truncation sets the mtime (and a rewrite in place
+/// usually changes the size). The ctime also moves on changes that leave
+/// the data alone (chmod, chown, link, unlink, rename): equality of the
+/// whole value (a cache key) includes it, [`SourceVersion::same_data`] (the
+/// read path's check) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SourceVersion {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: FileTime,
+    pub ctime: FileTime,
+}
+
+impl SourceVersion {
+    /// The version described by a `stat` record.
+    pub fn from_stat(st: &libc::stat) -> SourceVersion {
+        // `as` on these fields: their C types differ between targets (i64
+        // or u64); the values are never negative except timestamps, which
+        // keep their sign in i64.
+        #[allow(clippy::unnecessary_cast)]
+        SourceVersion {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            size: st.st_size as u64,
+            mtime: FileTime {
+                secs: st.st_mtime as i64,
+                nanos: st.st_mtime_nsec as u32,
+            },
+            ctime: FileTime {
+                secs: st.st_ctime as i64,
+                nanos: st.st_ctime_nsec as u32,
+            },
+        }
+    }
+
+    /// The version described by `std::fs::Metadata` (of a path or a file).
+    pub fn from_metadata(m: &std::fs::Metadata) -> SourceVersion {
+        use std::os::unix::fs::MetadataExt;
+        SourceVersion {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: FileTime {
+                secs: m.mtime(),
+                nanos: m.mtime_nsec() as u32,
+            },
+            ctime: FileTime {
+                secs: m.ctime(),
+                nanos: m.ctime_nsec() as u32,
+            },
+        }
+    }
+
+    /// Whether both describe the same file (device and inode), whatever its
+    /// contents.
+    pub fn same_file(&self, other: &SourceVersion) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+
+    /// Whether `now` is the same file with the same data: device, inode,
+    /// size and mtime equal. The ctime is left out on purpose: renaming a
+    /// new model over the path (the safe way to replace one), `mv`, `chmod`
+    /// or a hard link change the open file's ctime but not a byte of it, and
+    /// must not stop a mount. What this cannot see: a rewrite in place that
+    /// keeps the size and then sets the mtime back (`touch -d`, `cp -p` of a
+    /// file with the same mtime).
+    pub fn same_data(&self, now: &SourceVersion) -> bool {
+        self.same_file(now) && self.size == now.size && self.mtime == now.mtime
+    }
+
+    /// What differs from `self` in `now`, e.g. "size 100 -> 132 bytes,
+    /// mtime 1700000000.000000000 -> 1700000100.250000000"; empty when
+    /// nothing does.
+    pub fn changes(&self, now: &SourceVersion) -> String {
+        let mut parts = Vec::new();
+        if !self.same_file(now) {
+            parts.push(format!(
+                "file {}:{} -> {}:{}",
+                self.dev, self.ino, now.dev, now.ino
+            ));
+        }
+        if self.size != now.size {
+            parts.push(format!("size {} -> {} bytes", self.size, now.size));
+        }
+        if self.mtime != now.mtime {
+            parts.push(format!("mtime {} -> {}", self.mtime, now.mtime));
+        }
+        if self.ctime != now.ctime {
+            parts.push(format!("ctime {} -> {}", self.ctime, now.ctime));
+        }
+        parts.join(", ")
+    }
+
+    /// The device as `major:minor`.
+    fn dev_name(&self) -> String {
+        let d = self.dev;
+        let major = ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff);
+        let minor = (d & 0xff) | ((d >> 12) & !0xff);
+        format!("{major}:{minor}")
+    }
+}
+
+impl fmt::Display for SourceVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dev {} ino {}, {} bytes, mtime {}, ctime {}",
+            self.dev_name(),
+            self.ino,
+            self.size,
+            self.mtime,
+            self.ctime
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(size: u64, mtime: i64) -> SourceVersion {
+        SourceVersion {
+            dev: (8 << 8) | 1,
+            ino: 42,
+            size,
+            mtime: FileTime {
+                secs: mtime,
+                nanos: 5,
+            },
+            ctime: FileTime {
+                secs: mtime,
+                nanos: 5,
+            },
+        }
+    }
+
+    #[test]
+    fn prints_compares_and_names_changes() {
+        let a = v(100, 1_700_000_000);
+        assert_eq!(
+            a.to_string(),
+            "dev 8:1 ino 42, 100 bytes, mtime 1700000000.000000005, ctime 1700000000.000000005"
+        );
+        assert_eq!(a, v(100, 1_700_000_000));
+        assert!(a.changes(&a).is_empty());
+        let b = v(132, 1_700_000_100);
+        assert_ne!(a, b);
+        assert!(a.same_file(&b) && !a.same_data(&b));
+        let mut chmodded = a;
+        chmodded.ctime.secs += 1;
+        assert!(a.same_data(&chmodded) && a != chmodded);
+        assert_eq!(
+            a.changes(&b),
+            "size 100 -> 132 bytes, mtime 1700000000.000000005 -> 1700000100.000000005, \
+             ctime 1700000000.000000005 -> 1700000100.000000005"
+        );
+        let set: std::collections::HashSet<SourceVersion> = [a, b, a].into_iter().collect();
+        assert_eq!(set.len(), 2);
+    }
+
+    #[test]
+    fn stat_and_metadata_agree() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), b"abc").unwrap();
+        let m = std::fs::metadata(f.path()).unwrap();
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let c = std::ffi::CString::new(f.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string and a stat buffer we own.
+        assert_eq!(unsafe { libc::stat(c.as_ptr(), &mut st) }, 0);
+        assert_eq!(
+            SourceVersion::from_stat(&st),
+            SourceVersion::from_metadata(&m)
+        );
+        assert_eq!(SourceVersion::from_metadata(&m).size, 3);
+    }
+}
