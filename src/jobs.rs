@@ -42,6 +42,7 @@ use crate::encode::output::OutputTarget;
 use crate::encode::rknot::{Profile, RknotOptions};
 use crate::encode::sk32::Sk32Options;
 use crate::format::FileFormat;
+use crate::text::Escaped;
 
 /// Jobs waiting to run, at most: a submit beyond this fails. Encodings take
 /// minutes each; a longer queue is a script gone wrong, and every queued
@@ -118,6 +119,11 @@ pub fn check_out_name(name: &str) -> Result<(), String> {
     }
     if name.starts_with('.') {
         return Err(format!("out={name:?}: must not start with '.'"));
+    }
+    // A control character in a file name drives the terminal of whoever
+    // lists the directory.
+    if name.chars().any(crate::text::is_unsafe_char) {
+        return Err(format!("out={name:?}: control characters are not allowed"));
     }
     if name.len() > 255 {
         return Err(format!("out=: name of {} bytes is too long", name.len()));
@@ -279,11 +285,11 @@ impl Job {
             v["percent"].as_f64().unwrap_or(0.0),
             v["elapsed_s"].as_f64().unwrap_or(0.0),
             v["bytes_written"],
-            self.output.display(),
-            self.command
+            Escaped(&self.output.display().to_string()),
+            Escaped(&self.command)
         );
         if let Some(e) = self.error() {
-            s += &format!("    error: {e}\n");
+            s += &format!("    error: {}\n", Escaped(&e));
         }
         s
     }
@@ -518,7 +524,7 @@ impl JobManager {
         let mut s = format!(
             "jobs:      {} (output directory {})\n",
             jobs.len(),
-            self.shared.jobs_dir.display()
+            Escaped(&self.shared.jobs_dir.display().to_string())
         );
         for j in jobs {
             s += &j.to_text();
@@ -659,6 +665,10 @@ mod tests {
             ("encode sk32 rank=8 out=../x", "'..'"),
             ("encode sk32 rank=8 out=/etc/x", "plain file name"),
             ("encode sk32 rank=8 out=.hidden", "must not start with '.'"),
+            (
+                "encode sk32 rank=8 out=a\u{1b}]0;x\u{7}",
+                "control characters",
+            ),
             ("encode sk32 rank=x out=a", "not a valid number"),
             ("encode sk32 bits_qk=4 out=a", "unknown option"),
             ("encode rknot coverage=0 out=a", "coverage"),
