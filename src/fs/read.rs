@@ -325,7 +325,8 @@ impl TensorFs {
     /// Track the handle's stream: a read that starts where the previous one
     /// ended is sequential (that also decides the small-read rule). With
     /// prefetch on, sequential readers get a read-ahead window that doubles
-    /// on each sequential read (up to the configured maximum) and resets on
+    /// on each sequential read (up to `prefetch_max_chunks`, which
+    /// `TensorFs::new` limits to half the cache's chunks) and resets on
     /// a seek; the window's chunks are those after byte `end` of the file,
     /// whose tensor bytes are `segments` in `fmt` (one segment for a tensor
     /// file; a view continues into the next tensors).
@@ -349,7 +350,10 @@ impl TensorFs {
                 return;
             }
             if sequential {
-                h.window = (h.window * 2).clamp(1, self.config.prefetch_max_chunks);
+                // The limit is a fraction of the cache's chunks
+                // (`prefetch::max_window_chunks`), 0 for a cache too small
+                // to read ahead into.
+                h.window = (h.window * 2).max(1).min(self.config.prefetch_max_chunks);
             } else {
                 h.window = 0;
                 h.last_requested = None;
