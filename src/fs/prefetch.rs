@@ -14,14 +14,16 @@
 //! chunk being read (SmolLM2's token_embd: `--cache-mb 1` decoded 2.8-3.5x,
 //! `--cache-mb 8` 2.4-2.9x the bytes a cold sequential read was served).
 //! Half leaves the other half to the chunks being read and to other
-//! readers.
+//! readers. The cache itself refuses a read-ahead decode that would evict
+//! a chunk nobody has read yet, or that finds the budget all in flight or
+//! a reader waiting for it (counted as dropped).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 
 use super::read::Shared;
-use crate::cache::ChunkKey;
+use crate::cache::{ChunkKey, Prefetched};
 
 /// The queue's depth when the cache allows more.
 const MAX_QUEUE_DEPTH: u64 = 256;
@@ -44,7 +46,7 @@ pub(crate) struct Prefetcher {
 #[derive(Default)]
 struct Counters {
     requested: AtomicU64,
-    /// Requests dropped: the queue was full.
+    /// Requests dropped: the queue was full, or the cache had no budget.
     dropped: AtomicU64,
 }
 
@@ -60,10 +62,10 @@ impl Prefetcher {
             let (tx, rx) = sync_channel::<(usize, u64)>(depth);
             let rx = Arc::new(Mutex::new(rx));
             for i in 0..threads {
-                let (rx, shared) = (rx.clone(), shared.clone());
+                let (rx, shared, counters) = (rx.clone(), shared.clone(), counters.clone());
                 let spawned = std::thread::Builder::new()
                     .name(format!("rknot-prefetch-{i}"))
-                    .spawn(move || worker(&rx, &shared));
+                    .spawn(move || worker(&rx, &shared, &counters));
                 if let Err(e) = spawned {
                     log::warn!("cannot start prefetch thread: {e}");
                 }
@@ -105,7 +107,7 @@ impl Prefetcher {
     }
 }
 
-fn worker(rx: &Mutex<Receiver<(usize, u64)>>, shared: &Shared) {
+fn worker(rx: &Mutex<Receiver<(usize, u64)>>, shared: &Shared, counters: &Counters) {
     loop {
         // The lock is held only to take one request off the queue.
         let next = crate::cache::lock(rx).recv();
@@ -119,8 +121,11 @@ fn worker(rx: &Mutex<Receiver<(usize, u64)>>, shared: &Shared) {
         if shared.cache.is_present(key) {
             continue;
         }
-        match shared.chunk(f, chunk) {
-            Ok(_) => {}
+        match shared.prefetch(f, chunk) {
+            Ok(Prefetched::Decoded | Prefetched::Present) => {}
+            Ok(Prefetched::NoBudget) => {
+                counters.dropped.fetch_add(1, Ordering::Relaxed);
+            }
             // Rate-limited: a bad region would otherwise log once per
             // chunk of every read-ahead window.
             Err(e) => crate::logging::throttled(
