@@ -83,9 +83,11 @@ pub struct FsConfig {
     pub direct_io: bool,
     pub cache_bytes: u64,
     pub chunk_bytes: u64,
-    /// Background decode threads for read-ahead (0 disables it).
+    /// Background decode threads for read-ahead (0 disables it; a cache of
+    /// fewer than two chunks disables it too).
     pub prefetch_threads: usize,
-    /// Largest read-ahead window, in chunks.
+    /// Largest read-ahead window, in chunks. `TensorFs::new` lowers it to
+    /// half the chunks the cache holds (`prefetch::max_window_chunks`).
     pub prefetch_max_chunks: u64,
     /// Tensor formats served besides f32 (`--views`).
     pub views: ViewSet,
@@ -284,12 +286,26 @@ impl TensorFs {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        // Read-ahead never reaches further than half the cache holds (see
+        // `prefetch`); what ctl reports is what is used.
+        config.prefetch_max_chunks = prefetch::max_window_chunks(
+            config.cache_bytes,
+            config.chunk_bytes,
+            config.prefetch_max_chunks,
+        );
+        if config.prefetch_max_chunks == 0 {
+            config.prefetch_threads = 0;
+        }
         let shared = Arc::new(read::Shared {
             backend,
             cache: BlockCache::new(config.cache_bytes),
             files,
         });
-        let prefetch = prefetch::Prefetcher::start(shared.clone(), config.prefetch_threads);
+        let prefetch = prefetch::Prefetcher::start(
+            shared.clone(),
+            config.prefetch_threads,
+            config.prefetch_max_chunks,
+        );
         TensorFs {
             shared,
             ns,

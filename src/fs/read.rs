@@ -23,7 +23,7 @@ use super::namespace::{Node, TensorFile};
 use super::views::{self, ElemFormat, Layout, Piece};
 use super::{ReadData, SMALL_READ_BYTES, TensorFs};
 use crate::backend::Backend;
-use crate::cache::{BlockCache, Chunk, ChunkKey, lock};
+use crate::cache::{BlockCache, Chunk, ChunkKey, Prefetched, lock};
 use crate::error::Result;
 
 /// Everything the read path shares with the prefetch threads.
@@ -36,6 +36,22 @@ pub(crate) struct Shared {
 impl Shared {
     /// Decode chunk `chunk` of tensor file `f` through the cache.
     pub(super) fn chunk(&self, f: usize, chunk: u64) -> Result<Chunk> {
+        let (key, first, len) = self.chunk_span(f, chunk);
+        self.cache
+            .get_or_decode(key, len, |buf| self.decode(f, first, buf))
+    }
+
+    /// Read-ahead of chunk `chunk` of tensor file `f` into the cache: never
+    /// waits for budget (see [`BlockCache::prefetch`]).
+    pub(super) fn prefetch(&self, f: usize, chunk: u64) -> Result<Prefetched> {
+        let (key, first, len) = self.chunk_span(f, chunk);
+        self.cache
+            .prefetch(key, len, |buf| self.decode(f, first, buf))
+    }
+
+    /// Chunk `chunk` of tensor file `f`: its cache key, first element and
+    /// length in elements.
+    fn chunk_span(&self, f: usize, chunk: u64) -> (ChunkKey, u64, usize) {
         let file = &self.files[f];
         let key = ChunkKey {
             tensor: f as u32,
@@ -43,8 +59,7 @@ impl Shared {
         };
         let first = chunk * file.chunk_elems;
         let len = file.chunk_elems.min(file.n_elements.saturating_sub(first)) as usize;
-        self.cache
-            .get_or_decode(key, len, |buf| self.decode(f, first, buf))
+        (key, first, len)
     }
 
     /// Decode elements `[first, first + out.len())` of tensor file `f`.
@@ -266,7 +281,7 @@ impl TensorFs {
             let take = (hi - lo) as usize;
             if fmt == ElemFormat::F32 {
                 // Replied straight from the decoded values, like a chunk.
-                return Ok(ReadData::Chunk(Arc::new(vals), skip..skip + take));
+                return Ok(ReadData::Chunk(Chunk::uncached(vals), skip..skip + take));
             }
             let mut out = Vec::with_capacity(take);
             views::encode_into(fmt, &vals, skip, take, &mut out);
@@ -325,7 +340,8 @@ impl TensorFs {
     /// Track the handle's stream: a read that starts where the previous one
     /// ended is sequential (that also decides the small-read rule). With
     /// prefetch on, sequential readers get a read-ahead window that doubles
-    /// on each sequential read (up to the configured maximum) and resets on
+    /// on each sequential read (up to `prefetch_max_chunks`, which
+    /// `TensorFs::new` limits to half the cache's chunks) and resets on
     /// a seek; the window's chunks are those after byte `end` of the file,
     /// whose tensor bytes are `segments` in `fmt` (one segment for a tensor
     /// file; a view continues into the next tensors).
@@ -349,7 +365,10 @@ impl TensorFs {
                 return;
             }
             if sequential {
-                h.window = (h.window * 2).clamp(1, self.config.prefetch_max_chunks);
+                // The limit is a fraction of the cache's chunks
+                // (`prefetch::max_window_chunks`), 0 for a cache too small
+                // to read ahead into.
+                h.window = (h.window * 2).max(1).min(self.config.prefetch_max_chunks);
             } else {
                 h.window = 0;
                 h.last_requested = None;
