@@ -348,7 +348,8 @@ impl TensorFs {
              uptime_s:  {}\n\
              cache:     capacity {} B, used {} B in {} chunks of <= {} B, {} B of buffers pooled\n\
              cache:     hits {}, misses {} ({} waited for a decode in flight), evictions {}\n\
-             cache:     bytes decoded {}, decode errors {}, decodes in flight {}\n\
+             cache:     bytes decoded {}, decode errors {}, decodes in flight {} ({} B), {} B held by replies\n\
+             cache:     waits for budget {}, decodes over budget {}, read-ahead refused {}\n\
              reads:     in flight {}, total {}, errors {}, bytes served {}, small uncached {}\n\
              prefetch:  threads {}, chunks requested {}, dropped {}\n\
              commands:  write one per line to this file ({} only): drop-cache{}\n",
@@ -374,6 +375,11 @@ impl TensorFs {
             s.bytes_decoded,
             s.decode_errors,
             s.in_flight,
+            s.bytes_in_flight,
+            s.bytes_held,
+            s.budget_waits,
+            s.over_budget,
+            s.prefetch_refused,
             c.reads_in_flight.load(Ordering::Relaxed),
             c.reads.load(Ordering::Relaxed),
             c.read_errors.load(Ordering::Relaxed),
@@ -430,6 +436,8 @@ impl TensorFs {
                 "chunk_bytes": self.config.chunk_bytes, "pool_bytes": s.pool_bytes,
                 "hits": s.hits, "misses": s.misses, "waits": s.waits, "evictions": s.evictions,
                 "bytes_decoded": s.bytes_decoded, "decode_errors": s.decode_errors, "decodes_in_flight": s.in_flight,
+                "bytes_in_flight": s.bytes_in_flight, "bytes_held": s.bytes_held,
+                "budget_waits": s.budget_waits, "over_budget": s.over_budget, "prefetch_refused": s.prefetch_refused,
             },
             "reads": {
                 "in_flight": c.reads_in_flight.load(Ordering::Relaxed),
