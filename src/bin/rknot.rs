@@ -355,7 +355,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
     let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "rknot: wrote {} ({size} bytes; {summary}) in {:.1} s",
-        out.display(),
+        rknot::text::escape(&out.to_string_lossy()),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
