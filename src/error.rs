@@ -158,18 +158,23 @@ impl Error {
     }
 }
 
+/// Paths, tensor names and messages come from files and users: printed
+/// through [`crate::text::escape`], so no control character reaches a
+/// terminal or a log raw. (Escaping is idempotent on its own output, so a
+/// log formatter that escapes again changes nothing.)
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::text::Escaped;
         if let Some(p) = &self.path {
-            write!(f, "{}: ", p.display())?;
+            write!(f, "{}: ", Escaped(&p.to_string_lossy()))?;
         }
         if let Some(t) = &self.tensor {
-            write!(f, "tensor {t}: ")?;
+            write!(f, "tensor {}: ", Escaped(t))?;
         }
         if let Some(o) = self.offset {
             write!(f, "at byte {o}: ")?;
         }
-        f.write_str(&self.message)
+        write!(f, "{}", Escaped(&self.message))
     }
 }
 
@@ -227,6 +232,21 @@ mod tests {
         );
         assert_eq!(e.kind(), ErrorKind::OutOfBounds);
         assert_eq!(e.errno(), libc::EIO);
+    }
+
+    #[test]
+    fn display_escapes_control_characters() {
+        let e = err(ErrorKind::BadName, "name \"a\x1b]0;x\x07\" refused")
+            .tensor("t\r\u{9b}31m")
+            .path(Path::new("/x/m\x1b[2J.gguf"));
+        let s = e.to_string();
+        assert!(!s.chars().any(crate::text::is_unsafe_char), "{s:?}");
+        assert_eq!(
+            s,
+            "/x/m\\x1b[2J.gguf: tensor t\\r\\u{009b}31m: name \"a\\x1b]0;x\\x07\" refused"
+        );
+        // Escaping again (the log formatter does) changes nothing.
+        assert_eq!(crate::text::escape(&s), s);
     }
 
     #[test]

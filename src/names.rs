@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use crate::error::{ErrorKind, Result, err};
+use crate::text;
 
 /// Per-layer component aliases: (alias, canonical).
 const COMPONENT_ALIASES: &[(&str, &str)] = &[("attn_o", "attn_output")];
@@ -107,24 +108,55 @@ impl TensorName {
     }
 }
 
-/// Reject names that cannot be file names in the mount.
+/// Longest tensor name accepted: with the longest extension the mount adds
+/// (`.bf16`) a file name stays under NAME_MAX (255).
+pub const MAX_NAME_BYTES: usize = 240;
+
+/// Reject names that cannot be file names in the mount. A tensor's stored
+/// name (and so both its spellings) becomes a file name, and names reach
+/// terminals and logs, so a name is refused (`BadName`) when it is empty,
+/// longer than [`MAX_NAME_BYTES`], `.` or `..`, starts with `.` (a hidden
+/// file; `..x` would read like a parent path), or contains `/`, NUL or any
+/// character [`text::is_unsafe_char`] escapes (C0/C1 controls, DEL, bidi
+/// overrides). Real tensor names are ASCII letters, digits, `.` and `_`.
 pub fn check_servable(name: &str) -> Result<()> {
-    if name.is_empty() {
-        return Err(err(ErrorKind::BadName, "empty tensor name"));
+    let why = if name.is_empty() {
+        Some("it is empty".to_string())
+    } else if name.len() > MAX_NAME_BYTES {
+        Some(format!(
+            "it is {} bytes long (max {MAX_NAME_BYTES})",
+            name.len()
+        ))
+    } else if name == "." || name == ".." {
+        Some("it is a directory name".to_string())
+    } else if name.starts_with('.') {
+        Some("it starts with '.'".to_string())
+    } else if name.contains('/') {
+        Some("it contains '/'".to_string())
+    } else {
+        name.chars()
+            .find(|&c| c == '\0' || text::is_unsafe_char(c))
+            .map(|c| {
+                format!(
+                    "it contains the control character {}",
+                    text::escape(&c.to_string())
+                )
+            })
+    };
+    match why {
+        None => Ok(()),
+        Some(why) => {
+            // Long names are cut for the message (the cap is the problem).
+            let shown: String = name.chars().take(MAX_NAME_BYTES).collect();
+            Err(err(
+                ErrorKind::BadName,
+                format!(
+                    "tensor name \"{}\" cannot be served as a file name: {why}",
+                    text::escape(&shown)
+                ),
+            ))
+        }
     }
-    if name.len() > 240 {
-        return Err(err(
-            ErrorKind::BadName,
-            format!("tensor name of {} bytes is too long (max 240)", name.len()),
-        ));
-    }
-    if name.contains('/') || name.contains('\0') || name == "." || name == ".." {
-        return Err(err(
-            ErrorKind::BadName,
-            format!("tensor name {name:?} cannot be served as a file name"),
-        ));
-    }
-    Ok(())
 }
 
 /// Name -> index lookup that accepts every spelling and refuses collisions.
@@ -249,12 +281,39 @@ mod tests {
 
     #[test]
     fn unservable_names() {
-        for bad in ["", "a/b", "..", ".", "x\0y"] {
-            assert_eq!(
-                TensorName::from_stored(bad).unwrap_err().kind(),
-                ErrorKind::BadName,
-                "{bad:?}"
-            );
+        for bad in [
+            "",
+            "a/b",
+            "/abs",
+            "..",
+            ".",
+            ".hidden",
+            "..x",
+            "x\0y",
+            "blk.0\x1b]0;owned\x07.weight",
+            "a\rb",
+            "tab\tname",
+            "nl\n",
+            "del\x7f",
+            "csi\u{9b}31m",
+            "rtl\u{202e}gpj.exe",
+            &"x".repeat(241),
+        ] {
+            let e = TensorName::from_stored(bad).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::BadName, "{bad:?}");
+            let s = e.to_string();
+            assert!(s.contains("cannot be served as a file name"), "{s}");
+            assert!(!s.chars().any(text::is_unsafe_char), "{s:?}");
+        }
+        for good in [
+            "blk.0.attn_q.weight",
+            "x",
+            "a.",
+            "a..b",
+            "ünïcode.weight",
+            &"x".repeat(240),
+        ] {
+            TensorName::from_stored(good).unwrap_or_else(|e| panic!("{good:?}: {e}"));
         }
     }
 }

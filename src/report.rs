@@ -1,12 +1,41 @@
 //! Human and JSON descriptions of a backend (`rknot inspect`, and the
 //! mount's `index.json`).
+//!
+//! Everything here prints strings that came from a file (paths, tensor
+//! names, metadata keys and values): the text report escapes them with
+//! [`crate::text::escape`]; JSON is escaped with
+//! [`crate::text::escape_json_text`] by whoever prints it
+//! ([`write_inspect_json`] escapes as it streams).
+//!
+//! Metadata can be large (a 150k-token vocabulary is three arrays of 150k
+//! values; a hostile file can carry tens of MB). `inspect --json` and
+//! index.json therefore summarize arrays longer than [`ARRAY_SUMMARY_LIMIT`]
+//! elements and strings longer than [`STRING_SUMMARY_BYTES`] as
+//! `{"type": "array", "elem_type": .., "len": .., "omitted": true}` (or
+//! `"type": "string"`); `inspect --json --full` prints everything. Both are
+//! streamed ([`InspectJson`]): one tensor's or metadata value's JSON is
+//! built at a time.
 
 use std::fmt::Write as _;
+use std::io::{self, Write};
 
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Value, json};
 
 use crate::backend::{Availability, Backend, SourceSummary, TensorInfo};
-use crate::format::meta::Metadata;
+use crate::format::meta::{MetaValue, Metadata};
+use crate::text::{escape, escape_json_text};
+
+/// Metadata arrays with more elements than this (nested arrays counted
+/// whole) are summarized in `inspect --json` and index.json. Real models'
+/// arrays this long are the tokenizer's (tokens, scores, merges), which
+/// nobody reads as JSON; everything else is short.
+pub const ARRAY_SUMMARY_LIMIT: usize = 1024;
+
+/// Metadata strings longer than this are summarized. The longest real
+/// string values are chat templates (a few KB to ~30 KB); an embedded
+/// `tokenizer.huggingface.json` (MBs) is not worth printing.
+pub const STRING_SUMMARY_BYTES: usize = 64 << 10;
 
 fn source_json(s: &SourceSummary) -> Value {
     json!({
@@ -99,24 +128,341 @@ impl Totals {
     }
 }
 
-/// Everything `inspect --json` prints.
+/// Everything `inspect --json --full` prints, as one `Value` (every
+/// metadata value in full; for large metadata or many tensors prefer
+/// [`inspect_json_summarized`] or [`write_inspect_json`]).
 pub fn inspect_json(b: &dyn Backend) -> Value {
-    let s = b.summary();
+    serde_json::to_value(InspectJson::full(b)).unwrap_or(Value::Null)
+}
+
+/// What `inspect --json` prints and index.json holds, as a `Value`:
+/// [`inspect_json`] with metadata arrays of more than `array_limit`
+/// elements (nested arrays counted whole) and strings of more than
+/// [`STRING_SUMMARY_BYTES`] summarized as `{"type": "array", "elem_type":
+/// .., "len": .., "omitted": true}` (strings: `{"type": "string", "len":
+/// <bytes>, "omitted": true}`). Its size is bounded by the tensor count and
+/// the number of metadata keys, not by the metadata's size. (A `Value` of
+/// 65,536 tensors still takes ~350 MB: to render bytes, serialize
+/// [`InspectJson`] instead.)
+pub fn inspect_json_summarized(b: &dyn Backend, array_limit: usize) -> Value {
+    serde_json::to_value(InspectJson::summarized(b, array_limit)).unwrap_or(Value::Null)
+}
+
+/// The typed JSON of `md` (module docs of [`crate::format::meta`]) with
+/// long values summarized (see [`inspect_json_summarized`]).
+pub fn metadata_json_summarized(md: &Metadata, array_limit: usize) -> Value {
+    serde_json::to_value(MetadataJson {
+        md,
+        array_limit: Some(array_limit),
+    })
+    .unwrap_or(Value::Null)
+}
+
+/// Whether a value is summarized rather than printed.
+fn too_long(v: &MetaValue, array_limit: usize) -> bool {
+    /// Whether `v` holds a long string or more elements than `budget`
+    /// (counting stops there).
+    fn weigh(v: &MetaValue, budget: &mut usize) -> bool {
+        match v {
+            MetaValue::String(s) => s.len() > STRING_SUMMARY_BYTES,
+            MetaValue::Array { values, .. } => {
+                if values.len() > *budget {
+                    return true;
+                }
+                *budget -= values.len();
+                values.iter().any(|x| weigh(x, budget))
+            }
+            _ => false,
+        }
+    }
+    let mut budget = array_limit;
+    weigh(v, &mut budget)
+}
+
+fn summary_json(v: &MetaValue) -> Value {
+    match v {
+        MetaValue::Array { elem, values } => json!({
+            "type": "array",
+            "elem_type": elem.name(),
+            "len": values.len(),
+            "omitted": true,
+        }),
+        MetaValue::String(s) => json!({"type": "string", "len": s.len(), "omitted": true}),
+        other => other.to_typed_json(),
+    }
+}
+
+fn totals_json(b: &dyn Backend) -> Value {
     let totals = Totals::of(b);
     json!({
-        "source": source_json(s),
-        "fallback": b.fallback_summary().map(source_json),
-        "model": model_facts(effective_metadata(b)).into_iter().collect::<serde_json::Map<_, _>>(),
-        "metadata": effective_metadata(b).to_json(),
-        "tensors": b.tensors().entries().iter().map(tensor_json).collect::<Vec<_>>(),
-        "totals": {
-            "tensors": b.tensors().len(),
-            "available": totals.available,
-            "stored_bytes": totals.stored,
-            "served_bytes": totals.served,
-            "bits_per_weight": totals.bits_per_weight(),
-        },
+        "tensors": b.tensors().len(),
+        "available": totals.available,
+        "stored_bytes": totals.stored,
+        "served_bytes": totals.served,
+        "bits_per_weight": totals.bits_per_weight(),
     })
+}
+
+fn model_json(b: &dyn Backend) -> Value {
+    Value::Object(model_facts(effective_metadata(b)).into_iter().collect())
+}
+
+/// Extra members of one tensor's object (index.json adds `files`).
+pub type TensorExtra<'a> = &'a dyn Fn(&TensorInfo) -> serde_json::Map<String, Value>;
+
+/// The inspect document as a serde `Serialize`: `source`, `fallback`,
+/// `model`, `metadata`, `tensors`, `totals`, then `extra`. Serializing it
+/// (to a writer, or with `serde_json::to_value`) builds one tensor's and
+/// one metadata value's JSON at a time, so writing it takes memory for the
+/// output only.
+pub struct InspectJson<'a> {
+    pub backend: &'a dyn Backend,
+    /// `None`: every metadata value in full; `Some(n)`: arrays of more than
+    /// `n` elements and strings over [`STRING_SUMMARY_BYTES`] summarized.
+    pub array_limit: Option<usize>,
+    /// Members added to each tensor's object.
+    pub tensor_extra: Option<TensorExtra<'a>>,
+    /// Members added after `totals`.
+    pub extra: serde_json::Map<String, Value>,
+}
+
+impl<'a> InspectJson<'a> {
+    /// `inspect --json --full`.
+    pub fn full(backend: &'a dyn Backend) -> Self {
+        InspectJson {
+            backend,
+            array_limit: None,
+            tensor_extra: None,
+            extra: serde_json::Map::new(),
+        }
+    }
+
+    /// `inspect --json` (with [`ARRAY_SUMMARY_LIMIT`]) and index.json.
+    pub fn summarized(backend: &'a dyn Backend, array_limit: usize) -> Self {
+        InspectJson {
+            array_limit: Some(array_limit),
+            ..Self::full(backend)
+        }
+    }
+}
+
+impl Serialize for InspectJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let b = self.backend;
+        let mut m = s.serialize_map(Some(6 + self.extra.len()))?;
+        m.serialize_entry("source", &source_json(b.summary()))?;
+        m.serialize_entry("fallback", &b.fallback_summary().map(source_json))?;
+        m.serialize_entry("model", &model_json(b))?;
+        m.serialize_entry(
+            "metadata",
+            &MetadataJson {
+                md: effective_metadata(b),
+                array_limit: self.array_limit,
+            },
+        )?;
+        m.serialize_entry(
+            "tensors",
+            &TensorsJson {
+                b,
+                extra: self.tensor_extra,
+            },
+        )?;
+        m.serialize_entry("totals", &totals_json(b))?;
+        for (k, v) in &self.extra {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// Write `doc` to `w` as pretty JSON with a final newline, escaped
+/// ([`escape_json_text`]) as it streams.
+pub fn write_inspect_json<W: Write>(doc: &InspectJson, w: W) -> io::Result<()> {
+    let mut out = EscapingWriter::new(w);
+    {
+        let mut ser = serde_json::Serializer::pretty(&mut out);
+        // Keep the kind of a write error (a closed pipe ends output quietly).
+        doc.serialize(&mut ser)
+            .map_err(|e| match e.io_error_kind() {
+                Some(kind) => io::Error::new(kind, e),
+                None => io::Error::other(e),
+            })?;
+    }
+    out.write_all(b"\n")?;
+    out.finish()
+}
+
+struct MetadataJson<'a> {
+    md: &'a Metadata,
+    array_limit: Option<usize>,
+}
+
+impl Serialize for MetadataJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.md.len()))?;
+        for (k, v) in &self.md.entries {
+            match self.array_limit {
+                Some(limit) if too_long(v, limit) => m.serialize_entry(k, &summary_json(v))?,
+                _ => m.serialize_entry(k, &Typed(v))?,
+            }
+        }
+        m.end()
+    }
+}
+
+/// [`MetaValue::to_typed_json`], serialized directly.
+struct Typed<'a>(&'a MetaValue);
+
+impl Serialize for Typed<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            MetaValue::Array { elem, values } => {
+                let mut m = s.serialize_map(Some(3))?;
+                m.serialize_entry("type", "array")?;
+                m.serialize_entry("elem_type", elem.name())?;
+                m.serialize_entry("value", &TypedElems(values))?;
+                m.end()
+            }
+            v => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("type", v.meta_type().name())?;
+                m.serialize_entry("value", &Plain(v))?;
+                m.end()
+            }
+        }
+    }
+}
+
+/// A typed array's elements: plain values, nested arrays typed.
+struct TypedElems<'a>(&'a [MetaValue]);
+
+impl Serialize for TypedElems<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut q = s.serialize_seq(Some(self.0.len()))?;
+        for v in self.0 {
+            match v {
+                MetaValue::Array { .. } => q.serialize_element(&Typed(v))?,
+                _ => q.serialize_element(&Plain(v))?,
+            }
+        }
+        q.end()
+    }
+}
+
+/// [`MetaValue::to_plain_json`], serialized directly.
+struct Plain<'a>(&'a MetaValue);
+
+impl Serialize for Plain<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        fn float<S: Serializer>(s: S, v: f64) -> Result<S::Ok, S::Error> {
+            if v.is_finite() {
+                s.serialize_f64(v)
+            } else if v.is_nan() {
+                s.serialize_str("nan")
+            } else if v > 0.0 {
+                s.serialize_str("inf")
+            } else {
+                s.serialize_str("-inf")
+            }
+        }
+        match self.0 {
+            MetaValue::U8(v) => s.serialize_u8(*v),
+            MetaValue::I8(v) => s.serialize_i8(*v),
+            MetaValue::U16(v) => s.serialize_u16(*v),
+            MetaValue::I16(v) => s.serialize_i16(*v),
+            MetaValue::U32(v) => s.serialize_u32(*v),
+            MetaValue::I32(v) => s.serialize_i32(*v),
+            MetaValue::U64(v) => s.serialize_u64(*v),
+            MetaValue::I64(v) => s.serialize_i64(*v),
+            MetaValue::Bool(v) => s.serialize_bool(*v),
+            MetaValue::String(v) => s.serialize_str(v),
+            MetaValue::F32(v) => float(s, f64::from(*v)),
+            MetaValue::F64(v) => float(s, *v),
+            MetaValue::Array { values, .. } => {
+                let mut q = s.serialize_seq(Some(values.len()))?;
+                for v in values {
+                    q.serialize_element(&Plain(v))?;
+                }
+                q.end()
+            }
+        }
+    }
+}
+
+struct TensorsJson<'a> {
+    b: &'a dyn Backend,
+    extra: Option<TensorExtra<'a>>,
+}
+
+impl Serialize for TensorsJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let entries = self.b.tensors().entries();
+        let mut q = s.serialize_seq(Some(entries.len()))?;
+        for t in entries {
+            let mut v = tensor_json(t);
+            if let (Some(extra), Value::Object(o)) = (self.extra, &mut v) {
+                o.extend(extra(t));
+            }
+            q.serialize_element(&v)?;
+        }
+        q.end()
+    }
+}
+
+/// A writer that applies [`escape_json_text`] to a stream of serialized
+/// JSON, in chunks (a character split between two writes is held back
+/// until it is complete).
+pub struct EscapingWriter<W: Write> {
+    inner: W,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> EscapingWriter<W> {
+    const CHUNK: usize = 64 << 10;
+
+    pub fn new(inner: W) -> Self {
+        EscapingWriter {
+            inner,
+            buf: Vec::with_capacity(Self::CHUNK + 4),
+        }
+    }
+
+    /// Escape and write everything buffered that forms whole characters
+    /// (with `all`, everything).
+    fn drain(&mut self, all: bool) -> io::Result<()> {
+        let keep = match std::str::from_utf8(&self.buf) {
+            Ok(_) => 0,
+            // A character cut at the end waits for the next write.
+            Err(e) if e.error_len().is_none() && !all => self.buf.len() - e.valid_up_to(),
+            // Not UTF-8 (serde_json only writes UTF-8): shown lossily.
+            Err(_) => 0,
+        };
+        let cut = self.buf.len() - keep;
+        let text = String::from_utf8_lossy(&self.buf[..cut]).into_owned();
+        self.buf.drain(..cut);
+        self.inner.write_all(escape_json_text(text).as_bytes())
+    }
+
+    /// Write what is left and flush.
+    pub fn finish(mut self) -> io::Result<()> {
+        self.drain(true)?;
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Write for EscapingWriter<W> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= Self::CHUNK {
+            self.drain(false)?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.drain(false)?;
+        self.inner.flush()
+    }
 }
 
 /// The metadata describing the model: the primary's, or the fallback's
@@ -144,20 +490,21 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// Text report for `inspect`.
+/// Text report for `inspect`. File-derived strings (paths, notes, names,
+/// metadata keys and values) are escaped.
 pub fn inspect_text(b: &dyn Backend) -> String {
     let mut o = String::new();
     let s = b.summary();
-    let _ = writeln!(o, "file:      {}", s.path.display());
+    let _ = writeln!(o, "file:      {}", escape(&s.path.to_string_lossy()));
     let _ = writeln!(o, "format:    {} v{}", s.format, s.version);
     for n in &s.notes {
-        let _ = writeln!(o, "           {n}");
+        let _ = writeln!(o, "           {}", escape(n));
     }
     if let Some(f) = b.fallback_summary() {
         let _ = writeln!(
             o,
             "fallback:  {} ({} v{})",
-            f.path.display(),
+            escape(&f.path.to_string_lossy()),
             f.format,
             f.version
         );
@@ -168,7 +515,7 @@ pub fn inspect_text(b: &dyn Backend) -> String {
         let line: Vec<String> = facts
             .iter()
             .map(|(k, v)| match v {
-                Value::String(s) => format!("{k} {s}"),
+                Value::String(s) => format!("{k} {}", escape(s)),
                 other => format!("{k} {other}"),
             })
             .collect();
@@ -176,24 +523,28 @@ pub fn inspect_text(b: &dyn Backend) -> String {
     }
     let _ = writeln!(o, "metadata:  {} keys", md.len());
     for (k, v) in &md.entries {
-        let _ = writeln!(o, "  {k:<44} {}", v.summary());
+        let _ = writeln!(o, "  {:<44} {}", escape(k), escape(&v.summary()));
     }
     let t = b.tensors().entries();
     let totals = Totals::of(b);
     let _ = writeln!(o, "tensors:   {} ({} available)", t.len(), totals.available);
-    let w_dot = t.iter().map(|t| t.name.dot.len()).max().unwrap_or(4).max(4);
-    let w_us = t
+    let names: Vec<(String, String)> = t
         .iter()
-        .map(|t| t.name.underscore.len())
-        .max()
-        .unwrap_or(4)
-        .max(4);
+        .map(|t| {
+            (
+                escape(&t.name.dot).into_owned(),
+                escape(&t.name.underscore).into_owned(),
+            )
+        })
+        .collect();
+    let w_dot = names.iter().map(|n| n.0.len()).max().unwrap_or(4).max(4);
+    let w_us = names.iter().map(|n| n.1.len()).max().unwrap_or(4).max(4);
     let _ = writeln!(
         o,
         "  {:<w_dot$}  {:<w_us$}  {:<16}  {:<12}  {:<8}  {:>12}  {:>6}",
         "name", "underscore name", "shape", "type", "source", "stored", "bpw"
     );
-    for ti in t {
+    for (ti, (dot, us)) in t.iter().zip(&names) {
         let shape = format!(
             "[{}]",
             ti.shape
@@ -209,8 +560,8 @@ pub fn inspect_text(b: &dyn Backend) -> String {
         let _ = writeln!(
             o,
             "  {:<w_dot$}  {:<w_us$}  {:<16}  {:<12}  {:<8}  {:>12}  {:>6.3}",
-            ti.name.dot,
-            ti.name.underscore,
+            dot,
+            us,
             shape,
             ti.stored.to_string(),
             source,
@@ -218,7 +569,7 @@ pub fn inspect_text(b: &dyn Backend) -> String {
             ti.bits_per_weight()
         );
         if let Availability::Unavailable(why) = &ti.availability {
-            let _ = writeln!(o, "      unavailable: {why}");
+            let _ = writeln!(o, "      unavailable: {}", escape(why));
         }
     }
     let _ = writeln!(
@@ -233,24 +584,230 @@ pub fn inspect_text(b: &dyn Backend) -> String {
     o
 }
 
-/// [`inspect_json`] without the `tensors` list (which the mount's
-/// index.json renders one tensor at a time): building every tensor's JSON
-/// value at once costs a few KiB per tensor.
-pub fn inspect_json_without_tensors(b: &dyn Backend) -> Value {
-    let s = b.summary();
-    let totals = Totals::of(b);
+/// The inspect document without its `tensors` list (empty), with metadata
+/// summarized as by [`inspect_json_summarized`]: the mount's index.json
+/// renders its tensors one at a time around it.
+pub fn inspect_json_without_tensors(b: &dyn Backend, array_limit: usize) -> Value {
     json!({
-        "source": source_json(s),
+        "source": source_json(b.summary()),
         "fallback": b.fallback_summary().map(source_json),
-        "model": model_facts(effective_metadata(b)).into_iter().collect::<serde_json::Map<_, _>>(),
-        "metadata": effective_metadata(b).to_json(),
+        "model": model_json(b),
+        "metadata": metadata_json_summarized(effective_metadata(b), array_limit),
         "tensors": [],
-        "totals": {
-            "tensors": b.tensors().len(),
-            "available": totals.available,
-            "stored_bytes": totals.stored,
-            "served_bytes": totals.served,
-            "bits_per_weight": totals.bits_per_weight(),
-        },
+        "totals": totals_json(b),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::backend::{Origin, Role, StoredType, TensorTable};
+    use crate::format::FileFormat;
+    use crate::format::meta::MetaType;
+    use crate::names::TensorName;
+
+    struct Fake {
+        summary: SourceSummary,
+        table: TensorTable,
+    }
+
+    impl Backend for Fake {
+        fn summary(&self) -> &SourceSummary {
+            &self.summary
+        }
+        fn tensors(&self) -> &TensorTable {
+            &self.table
+        }
+        fn read_f32(&self, _: usize, _: u64, out: &mut [f32]) -> crate::Result<()> {
+            out.fill(0.0);
+            Ok(())
+        }
+    }
+
+    fn array(elem: MetaType, values: Vec<MetaValue>) -> MetaValue {
+        MetaValue::Array { elem, values }
+    }
+
+    fn fake() -> Fake {
+        let mut md = Metadata::default();
+        md.push("general.architecture", MetaValue::String("llama".into()));
+        md.push(
+            "general.name",
+            MetaValue::String("evil\x1b]0;x\x07\u{9b}".into()),
+        );
+        md.push("f", MetaValue::F32(f32::NAN));
+        md.push(
+            "short",
+            array(MetaType::U32, (0..1024).map(MetaValue::U32).collect()),
+        );
+        md.push("long", array(MetaType::U8, vec![MetaValue::U8(1); 1025]));
+        md.push(
+            "nested",
+            array(
+                MetaType::Array,
+                vec![array(MetaType::I16, vec![MetaValue::I16(-1); 600]); 2],
+            ),
+        );
+        md.push(
+            "long_string",
+            MetaValue::String("x".repeat(STRING_SUMMARY_BYTES + 1)),
+        );
+        md.push(
+            "strings",
+            array(
+                MetaType::String,
+                vec![MetaValue::String("a\u{202e}b".into())],
+            ),
+        );
+        let path = PathBuf::from("/m/model.gguf");
+        let mut table = TensorTable::default();
+        for name in ["blk.0.attn_q.weight", "output_norm.weight"] {
+            table
+                .push(
+                    TensorInfo {
+                        name: TensorName::from_stored(name).unwrap(),
+                        shape: vec![4, 4],
+                        n_elements: 16,
+                        stored: StoredType::Ggml(crate::quant::GgmlType::F32),
+                        stored_bytes: 64,
+                        origin: Origin {
+                            role: Role::Fallback,
+                            format: FileFormat::Gguf,
+                            path: std::sync::Arc::new(path.clone()),
+                        },
+                        availability: Availability::Available,
+                        granule: 1,
+                    },
+                    name,
+                )
+                .unwrap();
+        }
+        Fake {
+            summary: SourceSummary {
+                format: FileFormat::Gguf,
+                version: 3,
+                path,
+                metadata: md,
+                notes: vec![],
+            },
+            table,
+        }
+    }
+
+    #[test]
+    fn summarized_json_omits_long_arrays_and_strings_only() {
+        let b = fake();
+        let full = inspect_json(&b);
+        let sum = inspect_json_summarized(&b, ARRAY_SUMMARY_LIMIT);
+        let (fm, sm) = (&full["metadata"], &sum["metadata"]);
+        for k in [
+            "general.architecture",
+            "general.name",
+            "f",
+            "short",
+            "strings",
+        ] {
+            assert_eq!(fm[k], sm[k], "{k}");
+        }
+        assert_eq!(
+            sm["long"],
+            json!({"type": "array", "elem_type": "u8", "len": 1025, "omitted": true})
+        );
+        // 2 x 600 nested elements: over the limit as a whole.
+        assert_eq!(
+            sm["nested"],
+            json!({"type": "array", "elem_type": "array", "len": 2, "omitted": true})
+        );
+        assert_eq!(
+            sm["long_string"],
+            json!({"type": "string", "len": STRING_SUMMARY_BYTES + 1, "omitted": true})
+        );
+        assert_eq!(fm["long"]["value"].as_array().unwrap().len(), 1025);
+        assert_eq!(fm["f"]["value"], "nan");
+        for k in ["source", "fallback", "model", "tensors", "totals"] {
+            assert_eq!(full[k], sum[k], "{k}");
+        }
+        assert_eq!(
+            metadata_json_summarized(effective_metadata(&b), ARRAY_SUMMARY_LIMIT),
+            *sm
+        );
+    }
+
+    #[test]
+    fn streamed_json_is_the_same_document_escaped() {
+        let b = fake();
+        for (doc, want) in [
+            (InspectJson::full(&b), inspect_json(&b)),
+            (
+                InspectJson::summarized(&b, ARRAY_SUMMARY_LIMIT),
+                inspect_json_summarized(&b, ARRAY_SUMMARY_LIMIT),
+            ),
+        ] {
+            let mut out = Vec::new();
+            write_inspect_json(&doc, &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            assert!(
+                !text
+                    .chars()
+                    .any(|c| crate::text::is_unsafe_char(c) && c != '\n'),
+                "raw control characters in the output"
+            );
+            assert!(text.contains("\\u001b]0;x\\u0007\\u009b"), "{text:.300}");
+            let back: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, want);
+        }
+    }
+
+    #[test]
+    fn tensor_extra_and_extra_members_are_added() {
+        let b = fake();
+        let files = |t: &TensorInfo| {
+            let mut m = serde_json::Map::new();
+            m.insert(
+                "files".into(),
+                json!([format!("{}.f32", t.name.underscore)]),
+            );
+            m
+        };
+        let mut doc = InspectJson::summarized(&b, 8);
+        doc.tensor_extra = Some(&files);
+        doc.extra
+            .insert("views".into(), json!({"tensor_formats": ["f32"]}));
+        let v = serde_json::to_value(&doc).unwrap();
+        assert_eq!(v["tensors"][0]["files"], json!(["blk_0_attn_q_weight.f32"]));
+        assert_eq!(v["views"]["tensor_formats"], json!(["f32"]));
+        assert_eq!(v["metadata"]["short"]["omitted"], true);
+    }
+
+    #[test]
+    fn escaping_writer_holds_back_split_characters() {
+        let text = "\"a\u{9b}b\u{202e}c\u{7f}\u{e9}\"";
+        let bytes = text.as_bytes();
+        for split in 0..bytes.len() {
+            let mut out = Vec::new();
+            let mut w = EscapingWriter::new(&mut out);
+            w.write_all(&bytes[..split]).unwrap();
+            w.flush().unwrap();
+            w.write_all(&bytes[split..]).unwrap();
+            w.finish().unwrap();
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                escape_json_text(text.to_string()),
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn text_report_escapes_file_strings() {
+        let text = inspect_text(&fake());
+        assert!(
+            !text
+                .chars()
+                .any(|c| crate::text::is_unsafe_char(c) && c != '\n')
+        );
+        assert!(text.contains("evil\\x1b]0;x\\x07"), "{text}");
+    }
 }

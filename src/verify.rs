@@ -2,9 +2,17 @@
 //! against its dense source.
 //!
 //! Structure: the header (every offset, length, table, shape) is validated
-//! by the reader at open; then every tensor is decoded completely, which
-//! checks every block (.rknot: finite scale, widths within the tensor's
-//! maximum, exact payload lengths), and every decoded value must be finite.
+//! by the reader at open; then everything the file stores is checked, with
+//! work bounded by the file's size, not by the shapes it declares (a tiny
+//! .rknot may declare a 2^30 x 2^30 tensor):
+//! - .rknot: every block (finite scale, widths within the tensor's maximum,
+//!   exact payload lengths), and no value of it may decode to NaN or
+//!   infinity (checked from the scale and the widest line; the codes are
+//!   read only when that bound overflows);
+//! - SK32: every factor byte is read; per row, `Σ_r |U σ| · max|Vᵀ_r|` must
+//!   stay well inside f32, so no served value can be NaN or infinite;
+//! - GGUF and dense .knot store every served value: every tensor is
+//!   decoded and every value must be finite.
 //!
 //! Fidelity, per tensor the encoded file carries, against the same tensor
 //! of the dense file (`A` encoded, `B` dense):
@@ -23,9 +31,14 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::backend::{self, Backend, Role};
+use crate::backend::{self, Backend, ParsedFile, Role};
 use crate::encode::tensor_kind;
 use crate::error::{Error, ErrorKind, Result, err};
+use crate::format::rknot::{RknotFile, check_block};
+use crate::format::sk32::{Sk32File, SketchInfo, dequant_sigma, dequant_uv};
+use crate::names;
+use crate::source::SourceFile;
+use crate::text::escape;
 
 /// Elements decoded per step (bounded memory).
 const STEP: u64 = 1 << 20;
@@ -131,18 +144,23 @@ impl Report {
         })
     }
 
+    /// The text report; names, paths and messages are escaped.
     pub fn to_text(&self) -> String {
-        let mut o = format!("file:    {} ({})\n", self.path, self.format);
+        let mut o = format!("file:    {} ({})\n", escape(&self.path), self.format);
         if self.faults.is_empty() {
-            o += "structure: OK (headers, every block decoded, every value finite)\n";
+            o += "structure: OK (headers, every stored block, no value NaN or infinite)\n";
         } else {
             o += &format!("structure: {} FAULT(S)\n", self.faults.len());
             for f in &self.faults {
-                o += &format!("  {}: {}\n", f.tensor.as_deref().unwrap_or("-"), f.message);
+                o += &format!(
+                    "  {}: {}\n",
+                    escape(f.tensor.as_deref().unwrap_or("-")),
+                    escape(&f.message)
+                );
             }
         }
         if let Some(d) = &self.dense {
-            o += &format!("dense:   {d}\n");
+            o += &format!("dense:   {}\n", escape(d));
             o += &format!(
                 "  {:<34} {:>9} {:>9} {:>9} {:>7}\n",
                 "tensor", "rel_err", "cosine", "energy", "bpw"
@@ -150,7 +168,7 @@ impl Report {
             for (n, s) in &self.tensors {
                 o += &format!(
                     "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>7.3}\n",
-                    n,
+                    escape(n),
                     s.rel_err(),
                     s.cosine(),
                     s.energy(),
@@ -182,7 +200,9 @@ impl Report {
     }
 }
 
-/// Decode every tensor; record non-finite values and read errors.
+/// Decode every tensor; record non-finite values and read errors. Only for
+/// files that store every value (GGUF, dense .knot): the work is bounded by
+/// the file's size.
 fn check_tensors(b: &dyn Backend, faults: &mut Vec<Fault>) {
     let mut buf = vec![0f32; STEP as usize];
     for (i, t) in b.tensors().entries().iter().enumerate() {
@@ -271,26 +291,192 @@ fn compare(enc: &dyn Backend, dense: &dyn Backend, faults: &mut Vec<Fault>) -> V
     out
 }
 
-/// Verify `encoded` (structure), and against `dense` when given.
-pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
-    let mut faults = Vec::new();
-    let enc = match backend::open_single(encoded, Role::Primary) {
-        Ok(b) => b,
-        Err(e) => {
-            // A header fault: report it as the structural verdict.
-            return Ok(Report {
-                path: encoded.display().to_string(),
-                format: "?".into(),
-                faults: vec![Fault {
-                    tensor: e.tensor_name().map(str::to_string),
-                    message: e.to_string(),
-                }],
-                tensors: Vec::new(),
-                dense: dense.map(|d| d.display().to_string()),
+/// Bytes read at once when checking blocks that lie one after another.
+const RUN_BYTES: u64 = 4 << 20;
+
+/// Check every block of a .rknot: structure, and values that would decode
+/// to NaN or infinity. One fault per tensor for the first bad block, one
+/// for its non-finite values.
+fn check_rknot(src: &SourceFile, f: &RknotFile, faults: &mut Vec<Fault>) {
+    let mut buf = Vec::new();
+    for t in &f.tensors {
+        let name = names::canonical(&t.name);
+        let mut bad = 0u64;
+        let mut b = 0usize;
+        'blocks: while b < t.blocks.len() {
+            // A run of adjacent blocks, read with one pread.
+            let start = t.blocks[b].0;
+            let mut end = b;
+            let mut run_end = start;
+            while end < t.blocks.len() {
+                let (o, l) = t.blocks[end];
+                if o != run_end || (end > b && run_end + u64::from(l) - start > RUN_BYTES) {
+                    break;
+                }
+                run_end = o + u64::from(l);
+                end += 1;
+            }
+            // Block lengths were checked at open (<= ~200 KiB each).
+            buf.resize((run_end - start) as usize, 0);
+            if let Err(e) = src.read_at(start, &mut buf) {
+                faults.push(Fault {
+                    tensor: Some(name.clone()),
+                    message: e.tensor(&t.name).to_string(),
+                });
+                break;
+            }
+            for bi in b..end {
+                let (o, l) = t.blocks[bi];
+                let bytes = &buf[(o - start) as usize..][..l as usize];
+                match check_block(t, &t.grid.tile(bi as u64), bytes) {
+                    Ok(n) => bad += n,
+                    Err(e) => {
+                        let e = Error::new(e.kind(), format!("block {bi}: {}", e.message()))
+                            .tensor(&t.name)
+                            .path(src.path())
+                            .at(o);
+                        faults.push(Fault {
+                            tensor: Some(name.clone()),
+                            message: e.to_string(),
+                        });
+                        break 'blocks;
+                    }
+                }
+            }
+            b = end;
+        }
+        if bad > 0 {
+            faults.push(Fault {
+                tensor: Some(name),
+                message: format!("{bad} stored values decode to NaN or infinity"),
             });
         }
+    }
+}
+
+/// Largest magnitude a served value may be bounded by for every f32
+/// operation computing it to stay finite (half of f32::MAX leaves room for
+/// the rounding of a rank-long sum).
+const F32_SAFE: f64 = f32::MAX as f64 / 2.0;
+
+/// Check every factor of every sketch: each served value
+/// `Σ_r c[i][r] (v[r][j] - 128)` (`c = U σ v_max / 127`) is bounded per
+/// row by `Σ_r |c[i][r]| · max_j |v[r][j] - 128|`; a row whose bound (or
+/// one coefficient) is not well inside f32 is a fault, since its values may
+/// overflow. Reads each factor byte once.
+fn check_sketches(src: &SourceFile, f: &Sk32File, faults: &mut Vec<Fault>) {
+    for s in &f.sketches {
+        if let Err(message) = check_sketch(src, s) {
+            faults.push(Fault {
+                tensor: Some(names::canonical(&s.name)),
+                message,
+            });
+        }
+    }
+}
+
+fn check_sketch(src: &SourceFile, s: &SketchInfo) -> std::result::Result<(), String> {
+    let shown = |e: Error| e.tensor(&s.name).to_string();
+    // Sizes were checked against the file at open.
+    let rank = s.rank as usize;
+    let mut sigma_q = vec![0u8; rank];
+    src.read_at(s.sigma_offset(), &mut sigma_q).map_err(shown)?;
+    // max_j |v[r][j] - 128| per factor row, reading Vᵀ in slices.
+    let mut v_peak = vec![0u8; rank];
+    let mut chunk = vec![0u8; (RUN_BYTES as usize).min((s.rank * s.d_in) as usize)];
+    for (r, peak) in v_peak.iter_mut().enumerate() {
+        let mut done = 0u64;
+        while done < s.d_in {
+            let n = (s.d_in - done).min(chunk.len() as u64) as usize;
+            src.read_at(s.v_offset() + r as u64 * s.d_in + done, &mut chunk[..n])
+                .map_err(shown)?;
+            let m = chunk[..n]
+                .iter()
+                .map(|&v| v.abs_diff(128))
+                .max()
+                .unwrap_or(0);
+            *peak = (*peak).max(m);
+            done += n as u64;
+        }
+    }
+    let v_step = f64::from(s.v_max) / 127.0;
+    let scale: Vec<f64> = sigma_q
+        .iter()
+        .map(|&q| f64::from(dequant_sigma(q, s.sigma_max)) * v_step)
+        .collect();
+    let rows_per_chunk = (chunk.len() / rank).max(1) as u64;
+    let mut u = vec![0u8; (rows_per_chunk * s.rank) as usize];
+    let (mut over, mut first, mut worst) = (0u64, None, 0f64);
+    let mut row = 0u64;
+    while row < s.d_out {
+        let n = (s.d_out - row).min(rows_per_chunk);
+        let bytes = &mut u[..(n * s.rank) as usize];
+        src.read_at(s.u_offset() + row * s.rank, bytes)
+            .map_err(shown)?;
+        for (i, urow) in bytes.chunks_exact(rank).enumerate() {
+            let (mut bound, mut coef_max) = (0f64, 0f64);
+            for ((&q, &sc), &vp) in urow.iter().zip(&scale).zip(&v_peak) {
+                let c = (f64::from(dequant_uv(q, s.u_max)) * sc).abs();
+                coef_max = coef_max.max(c);
+                bound += c * f64::from(vp);
+            }
+            let b = bound.max(coef_max);
+            if b.is_nan() || b > F32_SAFE {
+                over += 1;
+                first.get_or_insert(row + i as u64);
+                worst = worst.max(b);
+            }
+        }
+        row += n;
+    }
+    match first {
+        None => Ok(()),
+        Some(r) => Err(format!(
+            "{over} row(s) (first: row {r}) can reach |value| {worst:e}, beyond f32: \
+             u_max {}, sigma_max {}, v_max {} make U·diag(σ)·Vᵀ overflow",
+            s.u_max, s.sigma_max, s.v_max
+        )),
+    }
+}
+
+/// Verify `encoded` (structure), and against `dense` when given.
+pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
+    let header_fault = |e: Error| Report {
+        path: encoded.display().to_string(),
+        format: "?".into(),
+        faults: vec![Fault {
+            tensor: e.tensor_name().map(str::to_string),
+            message: e.to_string(),
+        }],
+        tensors: Vec::new(),
+        dense: dense.map(|d| d.display().to_string()),
     };
-    check_tensors(enc.as_ref(), &mut faults);
+    // A header fault is the structural verdict.
+    let parsed = match ParsedFile::open(encoded) {
+        Ok(p) => p,
+        Err(e) => return Ok(header_fault(e)),
+    };
+    let mut faults = Vec::new();
+    let stores_every_value = match &parsed {
+        ParsedFile::Rknot(src, f) => {
+            check_rknot(src, f, &mut faults);
+            false
+        }
+        ParsedFile::Sk32(src, f) => {
+            check_sketches(src, f, &mut faults);
+            false
+        }
+        ParsedFile::DenseKnot(..) | ParsedFile::Gguf(..) => true,
+    };
+    let enc = match parsed.into_backend(Role::Primary) {
+        Ok(b) => b,
+        Err(e) => return Ok(header_fault(e)),
+    };
+    if stores_every_value {
+        check_tensors(enc.as_ref(), &mut faults);
+    }
+    // Fidelity is per served element, but only of tensors the dense file
+    // has with the same shape: bounded by the dense file's size.
     let tensors = match dense {
         Some(d) => {
             let db = backend::open(d, None)?;

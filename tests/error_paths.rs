@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use rknot::backend::{self, Role};
 use rknot::format::container::write_container_header;
 use rknot::format::gguf::{
-    MAX_ARRAY_DEPTH, MAX_ARRAY_ELEMENTS, MAX_HEADER_BYTES, MAX_KEY_BYTES, MAX_STRING_BYTES,
-    encode_header, write_gguf,
+    MAX_ARRAY_DEPTH, MAX_HEADER_BYTES, MAX_KEY_BYTES, MAX_STRING_BYTES, encode_header, write_gguf,
 };
 use rknot::format::knot::{KnotTensorOut, write_knot, write_knot_with};
+use rknot::format::meta::meta_budget_limit;
 use rknot::format::meta::{MetaType, MetaValue, Metadata};
 use rknot::format::rknot::{
     ArchMeta, Coding, LayerOut, Manifest, RKNOT_MAGIC, TensorSpec, write_rknot,
@@ -328,7 +328,8 @@ fn metadata_float_type_with_a_non_number_is_bad_json() {
     );
     knot_metadata_fails(
         json!({"type": "f32", "value": [1.0]}),
-        &["metadata f32 value [1.0] is not a number"],
+        // Arrays are not built to be printed.
+        &["metadata f32 value [...] is not a number"],
     );
 }
 
@@ -496,27 +497,27 @@ fn rknot_tensor_entry_that_is_not_an_object_is_bad_json() {
 
 // ============================================== 4. GGUF header size caps
 
-/// The header cap is reached by reading: a single string cannot do it (its
-/// own 64 MiB cap fires first), so three 64 MiB string values are read
-/// (from a sparse file; ~192 MiB of memory for a moment) and the fourth's
-/// bytes would end past 256 MiB.
+/// The header cap is reached by reading: two 40 MiB string values, the
+/// first read (from a sparse file; ~40 MiB of memory for a moment), the
+/// second's bytes would end past the 64 MiB cap.
 #[test]
 fn gguf_header_past_the_size_cap_is_too_large() {
-    let n = MAX_STRING_BYTES;
+    let n = 40u64 << 20;
+    assert!(n <= MAX_STRING_BYTES);
     let mut layout = Vec::new();
-    let prefix = Gguf::header(0, 4).0;
+    let prefix = Gguf::header(0, 2).0;
     layout.push((0u64, prefix.clone()));
     let mut pos = prefix.len() as u64;
-    for i in 0..4 {
+    for i in 0..2 {
         let mut kv = Gguf::default();
         kv.str(&format!("k{i}")).u32(MetaType::String.id()).u64(n);
         layout.push((pos, kv.0.clone()));
         pos += kv.0.len() as u64;
-        if i < 3 {
+        if i < 1 {
             pos += n;
         }
     }
-    // The fourth string's bytes start at `pos`: inside the file, past the cap.
+    // The second string's bytes start at `pos`: inside the file, past the cap.
     assert!(pos + n > MAX_HEADER_BYTES && pos <= MAX_HEADER_BYTES);
     let (_dir, path) = sparse_file("cap.gguf", &[], pos + n + 64);
     let f = File::options().write(true).open(&path).expect("reopen");
@@ -530,7 +531,7 @@ fn gguf_header_past_the_size_cap_is_too_large() {
         &path,
         ErrorKind::TooLarge,
         &[
-            "value of metadata key \"k3\"",
+            "value of metadata key \"k1\"",
             &format!("would extend past {MAX_HEADER_BYTES} bytes"),
         ],
     );
@@ -559,11 +560,12 @@ fn gguf_tensor_and_kv_counts_that_only_together_exceed_the_file_are_truncated() 
 
 #[test]
 fn gguf_tensor_and_kv_counts_that_only_together_exceed_the_header_cap_are_too_large() {
-    // 5M tensor infos (160 MB) and 10M kv pairs (130 MB) each fit under the
-    // 256 MiB cap and in the (sparse) file; together (290 MB) they do not.
-    let (tc, kc) = (5_000_000u64, 10_000_000u64);
+    // 65,536 tensor infos (2 MiB) and 5.1M kv pairs (63.2 MiB) each fit
+    // under the 64 MiB cap and in the (sparse) file; together they do not.
+    let (tc, kc) = (65_536u64, 5_100_000u64);
+    assert!(kc * 13 + 24 <= MAX_HEADER_BYTES && tc * 32 + kc * 13 > MAX_HEADER_BYTES);
     let prefix = Gguf::header(tc, kc).0;
-    let (_dir, path) = sparse_file("counts.gguf", &prefix, 24 + 200_000_000);
+    let (_dir, path) = sparse_file("counts.gguf", &prefix, 24 + 70_000_000);
     let e = open_err(&path);
     check(
         &e,
@@ -597,28 +599,26 @@ fn gguf_u8_arrays(arrays: &[(&str, u64)]) -> (TempDir, PathBuf) {
     sparse_file("arrays.gguf", &g.0, total + 64)
 }
 
-#[test]
-fn gguf_array_over_the_element_budget_is_too_large() {
-    let count = MAX_ARRAY_ELEMENTS + 1;
-    let (_dir, path) = gguf_u8_arrays(&[("big", count)]);
-    let e = open_err(&path);
-    check(
-        &e,
-        &path,
-        ErrorKind::TooLarge,
-        &[
-            "metadata key \"big\"",
-            &format!("array of {count} elements"),
-            &format!("past {MAX_ARRAY_ELEMENTS} array elements in total"),
-        ],
-    );
+/// Offset of the count field of the last array `gguf_u8_arrays` writes.
+fn last_count_at(arrays: &[(&str, u64)]) -> u64 {
+    let mut at = 24u64;
+    for (i, &(key, count)) in arrays.iter().enumerate() {
+        at += 8 + key.len() as u64 + 4 + 4;
+        if i + 1 < arrays.len() {
+            at += 8 + count;
+        }
+    }
+    at
 }
 
 #[test]
-fn gguf_arrays_together_over_the_element_budget_are_too_large() {
-    // Neither array alone is over the cap; the second takes the total past it.
-    let count = MAX_ARRAY_ELEMENTS - 9;
-    let (_dir, path) = gguf_u8_arrays(&[("small", 10), ("big", count)]);
+fn gguf_array_over_the_metadata_budget_is_too_large() {
+    // 2M u8 elements take 64 MB parsed (32 bytes each), more than 2 x the
+    // ~2 MB header they would make + 32 MiB: refused at the count, before
+    // anything is read or allocated.
+    let count = 2_000_000u64;
+    let arrays = [("big", count)];
+    let (_dir, path) = gguf_u8_arrays(&arrays);
     let e = open_err(&path);
     check(
         &e,
@@ -626,10 +626,36 @@ fn gguf_arrays_together_over_the_element_budget_are_too_large() {
         ErrorKind::TooLarge,
         &[
             "metadata key \"big\"",
-            &format!("array of {count} elements"),
-            &format!("past {MAX_ARRAY_ELEMENTS} array elements in total"),
+            &format!("array of {count} u8 elements"),
+            "the parsed metadata would take more than",
+            "2 x header + 32 MiB",
         ],
     );
+    assert_eq!(e.offset(), Some(last_count_at(&arrays)), "{e}");
+}
+
+#[test]
+fn gguf_arrays_together_over_the_metadata_budget_are_too_large() {
+    // Alone, 400k u8 elements (12.8 MB parsed) fit the budget; after 800k
+    // (25.6 MB) they take the total past 2 x 1.2 MB + 32 MiB.
+    let arrays = [("small", 800_000u64), ("big", 400_000)];
+    let limit = meta_budget_limit(1_200_000 + 64);
+    assert!(1_200_000 * 32 > limit && 400_000 * 32 < meta_budget_limit(0));
+    let (_dir, path) = gguf_u8_arrays(&arrays);
+    let e = open_err(&path);
+    check(
+        &e,
+        &path,
+        ErrorKind::TooLarge,
+        &[
+            "metadata key \"big\"",
+            "array of 400000 u8 elements",
+            "the parsed metadata would take more than",
+        ],
+    );
+    assert_eq!(e.offset(), Some(last_count_at(&arrays)), "{e}");
+    let (_dir, path) = gguf_u8_arrays(&[("big", 400_000)]);
+    backend::open_single(&path, Role::Fallback).expect("400k u8 elements alone fit");
 }
 
 // ================================================================ 5. writers

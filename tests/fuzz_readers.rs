@@ -5,9 +5,18 @@
 //! writers (`tests/common/malformed_corpus.rs`), mutates a copy (bit flips,
 //! interesting bytes and integer fields, truncation, junk, duplicated or
 //! deleted ranges; for the JSON-headed formats also structured edits of the
-//! header JSON re-serialized behind a correct length prefix), opens it with
-//! `backend::open` and, if it opens, reads bounded ranges of every tensor.
-//! Passing means every call returned `Ok` or `Err`.
+//! header JSON, keys reordered, re-serialized behind a correct length
+//! prefix), opens it with `backend::open` and, if it opens, reads bounded
+//! ranges of every tensor. Passing means every call returned `Ok` or `Err`.
+//!
+//! `fuzz_header_parsers` drives the typed header parsers directly (no
+//! backend): mutated KNOT meta JSON through `read_container` and
+//! `Sk32File`/`DenseKnotFile::from_container`, mutated .rknot headers
+//! through `RknotFile::read`, mutated model-metadata JSON (typed and plain
+//! values, value before type, nested arrays) through
+//! `parse_metadata_json`, and GGUFs with random metadata trees, then byte
+//! mutations, through `GgufFile::read`. What parses must survive a
+//! write/parse round trip unchanged.
 //!
 //! - `RKNOT_FUZZ_SECS`: time budget per target (default 2; CI, through
 //!   .ci/run and tools/test.sh, uses 30);
@@ -34,6 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rknot::backend::{self, Availability};
+use rknot::format::meta::{MetaType, MetaValue, Metadata};
 use serde_json::{Value, json};
 
 // ------------------------------------------------------- allocation guard
@@ -686,6 +696,28 @@ fn mutate_json(root: &mut Value, rng: &mut Rng) {
             return;
         }
     }
+    if rng.chance(6) {
+        // Reorder an object's keys: key order carries no meaning, and a
+        // typed metadata value may come before its "type".
+        let objs: Vec<&String> = ptrs
+            .iter()
+            .filter(|p| root.pointer(p).is_some_and(Value::is_object))
+            .collect();
+        if !objs.is_empty() {
+            let p = objs[rng.upto(objs.len())].clone();
+            if let Some(Value::Object(m)) = root.pointer_mut(&p) {
+                let mut entries: Vec<(String, Value)> = std::mem::take(m).into_iter().collect();
+                if rng.chance(2) {
+                    entries.reverse();
+                } else if !entries.is_empty() {
+                    let k = rng.upto(entries.len());
+                    entries.rotate_left(k);
+                }
+                m.extend(entries);
+            }
+            return;
+        }
+    }
     let other = root
         .pointer(&ptrs[rng.upto(ptrs.len())])
         .cloned()
@@ -1161,6 +1193,299 @@ fn fuzz_layered_sk32_gguf() {
         .map(|(a, b)| vec![a, b])
         .collect();
     fuzz("layered", &["sk32", "gguf"], seeds);
+}
+
+// ------------------------------------------------- header parsers directly
+
+/// Model metadata exercising every value form the JSON parser accepts.
+fn sample_metadata() -> Metadata {
+    let mut md = corpus::gguf_metadata();
+    md.push("x.i8", MetaValue::I8(-3));
+    md.push("x.u64", MetaValue::U64(u64::MAX));
+    md.push("x.i64", MetaValue::I64(i64::MIN));
+    md.push("x.f32", MetaValue::F32(f32::INFINITY));
+    md.push("x.f64", MetaValue::F64(0.1));
+    md.push("x.bool", MetaValue::Bool(true));
+    md.push("x.str", MetaValue::String("a\u{1b}b".into()));
+    md.push(
+        "x.nested",
+        MetaValue::Array {
+            elem: MetaType::Array,
+            values: vec![MetaValue::Array {
+                elem: MetaType::I16,
+                values: vec![MetaValue::I16(-2), MetaValue::I16(7)],
+            }],
+        },
+    );
+    md.push(
+        "x.floats",
+        MetaValue::Array {
+            elem: MetaType::F32,
+            values: vec![MetaValue::F32(f32::NAN), MetaValue::F32(1.5)],
+        },
+    );
+    md
+}
+
+/// The metadata as JSON, with some values plain (as other tools write).
+fn sample_metadata_json(rng: &mut Rng) -> Value {
+    let mut v = sample_metadata().to_json();
+    if let Value::Object(m) = &mut v {
+        for (_, x) in m.iter_mut() {
+            if rng.chance(3)
+                && let Some(plain) = x.get("value").cloned()
+                && !plain.is_object()
+            {
+                *x = plain;
+            }
+        }
+        if rng.chance(3) {
+            m.insert("plain.array".into(), json!([1, 2, 3]));
+        }
+    }
+    v
+}
+
+/// A random metadata value: scalars of every type, strings with control
+/// characters, arrays (nested up to `depth`).
+fn random_value(rng: &mut Rng, depth: u32) -> MetaValue {
+    let ty = MetaType::from_id(rng.below(13) as u32).unwrap_or(MetaType::U8);
+    random_of(rng, ty, depth)
+}
+
+fn random_of(rng: &mut Rng, ty: MetaType, depth: u32) -> MetaValue {
+    let x = *rng.pick(INTERESTING);
+    match ty {
+        MetaType::U8 => MetaValue::U8(x as u8),
+        MetaType::I8 => MetaValue::I8(x as i8),
+        MetaType::U16 => MetaValue::U16(x as u16),
+        MetaType::I16 => MetaValue::I16(x as i16),
+        MetaType::U32 => MetaValue::U32(x as u32),
+        MetaType::I32 => MetaValue::I32(x as i32),
+        MetaType::U64 => MetaValue::U64(x),
+        MetaType::I64 => MetaValue::I64(x as i64),
+        MetaType::F32 => MetaValue::F32(f32::from_bits(rng.next() as u32)),
+        MetaType::F64 => MetaValue::F64(f64::from_bits(rng.next())),
+        MetaType::Bool => MetaValue::Bool(rng.chance(2)),
+        MetaType::String => MetaValue::String(
+            (0..rng.upto(12))
+                .map(|_| *rng.pick(&['a', '\u{1b}', '\u{9b}', '"', '\\', 'é', '\0']))
+                .collect(),
+        ),
+        MetaType::Array => {
+            let elem = if depth > 1 && rng.chance(4) {
+                MetaType::Array
+            } else {
+                MetaType::from_id(rng.below(13) as u32)
+                    .filter(|t| *t != MetaType::Array)
+                    .unwrap_or(MetaType::U32)
+            };
+            // Long arrays only at the top: nested ones multiply.
+            let n = if depth >= 3 && rng.chance(8) {
+                rng.upto(3000)
+            } else {
+                rng.upto(6)
+            };
+            MetaValue::Array {
+                elem,
+                values: (0..n).map(|_| random_of(rng, elem, depth - 1)).collect(),
+            }
+        }
+    }
+}
+
+/// Typed JSON text of metadata (NaN and infinities as strings): what a
+/// round trip must reproduce.
+fn typed_text(md: &Metadata) -> String {
+    serde_json::to_string(&md.to_json()).unwrap_or_default()
+}
+
+/// One case of the parser fuzzer: a file to write (or `None` for the
+/// in-memory metadata parser) and what to do with it.
+fn parsers_case(rng: &mut Rng, path: &Path) {
+    use rknot::format::container::read_container;
+    use rknot::format::gguf::{GgufFile, write_gguf};
+    use rknot::format::knot::DenseKnotFile;
+    use rknot::format::meta::parse_metadata_json;
+    use rknot::format::rknot::RknotFile;
+    use rknot::format::sk32::Sk32File;
+    use rknot::source::SourceFile;
+
+    match rng.below(4) {
+        0 | 1 => {
+            // A KNOT or .rknot header, structurally edited.
+            let seeds = if rng.chance(2) {
+                let mut s = corpus::sk32_seeds();
+                s.extend(corpus::knot_seeds());
+                s
+            } else {
+                corpus::rknot_seeds()
+            };
+            let seed = rng.pick(&seeds).clone();
+            let knot = seed.starts_with(b"KNOT");
+            let (mut v, rest) = if knot {
+                corpus::knot_split(&seed)
+            } else {
+                corpus::rknot_split(&seed)
+            }
+            .expect("seed splits");
+            if knot && rng.chance(2) {
+                // Give the dense files rich metadata to mutate.
+                if let Some(m) = v.get_mut("metadata") {
+                    *m = sample_metadata_json(rng);
+                }
+            }
+            for _ in 0..1 + rng.below(4) {
+                mutate_json(&mut v, rng);
+            }
+            let mut text = to_text(&v, rng);
+            if rng.chance(6) {
+                mutate_text(&mut text, rng);
+            }
+            let bytes = if knot {
+                corpus::knot_raw(&text, &rest)
+            } else {
+                corpus::rknot_raw(&text, &rest)
+            };
+            std::fs::write(path, bytes).expect("write input");
+            let src = SourceFile::open(path).expect("open input");
+            if knot {
+                if let Ok(c) = read_container(&src) {
+                    if c.has_sketches() {
+                        let _ = Sk32File::from_container(&src, &c);
+                    }
+                    if c.has_tensors()
+                        && let Ok(f) = DenseKnotFile::from_container(&src, &c)
+                    {
+                        let text = typed_text(&f.metadata);
+                        let back = parse_metadata_json(text.as_bytes(), text.len() as u64)
+                            .expect("parsed metadata re-parses");
+                        assert_eq!(typed_text(&back), text, "metadata round trip");
+                    }
+                }
+            } else if let Ok(f) = RknotFile::read(&src) {
+                for t in &f.tensors {
+                    assert_eq!(t.blocks.len() as u64, t.grid.n_blocks(), "{}", t.name);
+                }
+            }
+        }
+        2 => {
+            // A metadata object alone.
+            let mut v = sample_metadata_json(rng);
+            for _ in 0..1 + rng.below(4) {
+                mutate_json(&mut v, rng);
+            }
+            let mut text = to_text(&v, rng);
+            if rng.chance(6) {
+                mutate_text(&mut text, rng);
+            }
+            std::fs::write(path, &text).expect("write input");
+            if let Ok(md) = parse_metadata_json(&text, text.len() as u64) {
+                let typed = typed_text(&md);
+                let back = parse_metadata_json(typed.as_bytes(), typed.len() as u64)
+                    .expect("parsed metadata re-parses");
+                assert_eq!(
+                    typed_text(&back),
+                    typed,
+                    "metadata round trip of {}",
+                    String::from_utf8_lossy(&text)
+                );
+            }
+        }
+        _ => {
+            // A GGUF with random metadata, then byte mutations.
+            let mut md = Metadata::default();
+            for i in 0..1 + rng.below(6) {
+                md.push(format!("k{i}.\u{1b}"), random_value(rng, 3));
+            }
+            let mut bytes = Vec::new();
+            let tensors = corpus::gguf_base_tensors();
+            let datas: Vec<Vec<u8>> = tensors
+                .iter()
+                .enumerate()
+                .map(|(i, (_, d, t))| corpus::ggml_data(*t, d.iter().product(), i))
+                .collect();
+            let ts: Vec<(String, Vec<u64>, rknot::quant::GgmlType, &[u8])> = tensors
+                .iter()
+                .zip(&datas)
+                .map(|((n, d, t), x)| (n.clone(), d.clone(), *t, x.as_slice()))
+                .collect();
+            if write_gguf(&mut bytes, &md, &ts, 32).is_err() {
+                return;
+            }
+            let lay = gguf_layout(&bytes);
+            let clean = rng.chance(3);
+            if !clean {
+                for _ in 0..1 + rng.below(4) {
+                    mutate_bytes(&mut bytes, rng, &lay);
+                }
+            }
+            std::fs::write(path, &bytes).expect("write input");
+            let src = SourceFile::open(path).expect("open input");
+            let r = GgufFile::read(&src);
+            if clean {
+                let g = r.expect("a GGUF the writer wrote reads");
+                assert_eq!(typed_text(&g.metadata), typed_text(&md), "GGUF metadata");
+            }
+        }
+    }
+}
+
+#[test]
+fn fuzz_header_parsers() {
+    let target = "parsers";
+    let secs = env_u64("RKNOT_FUZZ_SECS").unwrap_or(2);
+    let base_seed = env_u64("RKNOT_FUZZ_SEED").unwrap_or_else(now_ms);
+    println!("fuzz {target}: RKNOT_FUZZ_SEED={base_seed}, {secs} s");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("parsers-0.bin");
+    let (slot, watchdog) = install_guards(target, base_seed, vec![path.clone()]);
+    let mut rng = Rng::new(base_seed ^ fnv(target));
+    let (start, budget) = (Instant::now(), Duration::from_secs(secs));
+    let mut panics = Vec::new();
+    let mut it = 0u64;
+    while start.elapsed() < budget {
+        let mut case_rng = Rng::new(rng.next());
+        slot.iteration.store(it, Ordering::SeqCst);
+        slot.busy_since_ms.store(now_ms(), Ordering::SeqCst);
+        let r = catch_unwind(AssertUnwindSafe(|| parsers_case(&mut case_rng, &path)));
+        slot.busy_since_ms.store(0, Ordering::SeqCst);
+        if let Err(p) = r {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            let saved = save_inputs(
+                &slot.failures,
+                target,
+                base_seed,
+                it,
+                "panic",
+                std::slice::from_ref(&path),
+            );
+            panics.push(format!(
+                "iteration {it}: {msg}\n    input saved as {saved:?}"
+            ));
+            if panics.len() >= 5 {
+                break;
+            }
+        }
+        it += 1;
+    }
+    slot.done.store(true, Ordering::SeqCst);
+    let _ = watchdog.join();
+    CURRENT.with(|c| c.set(None));
+    println!(
+        "fuzz {target}: {it} iterations in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        panics.is_empty(),
+        "fuzz {target} (RKNOT_FUZZ_SEED={base_seed}): {} panicking case(s):\n{}",
+        panics.len(),
+        panics.join("\n")
+    );
 }
 
 /// `RKNOT_FUZZ_REPRO=file[,dense]`: run one saved input without catching

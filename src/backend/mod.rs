@@ -26,7 +26,7 @@ mod sketch;
 
 pub use dense::DenseBackend;
 pub use layered::LayeredBackend;
-pub use open::{open, open_single};
+pub use open::{ParsedFile, open, open_single};
 pub use rknot::RknotBackend;
 pub use sketch::SketchBackend;
 

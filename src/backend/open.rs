@@ -2,8 +2,6 @@
 
 use std::path::Path;
 
-use serde_json::Value;
-
 use crate::backend::{Backend, DenseBackend, LayeredBackend, RknotBackend, Role, SketchBackend};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::container::{KNOT_PREFIX_LEN, read_container};
@@ -14,46 +12,71 @@ use crate::format::sk32::Sk32File;
 use crate::format::{self, Magic};
 use crate::source::SourceFile;
 
-/// Open one file as a backend in the given role.
-pub fn open_single(path: &Path, role: Role) -> Result<Box<dyn Backend>> {
-    let src = SourceFile::open(path)?;
-    Ok(match format::sniff(&src)? {
-        Magic::Rknot => {
-            let f = RknotFile::read(&src)?;
-            Box::new(RknotBackend::new(src, f, role)?)
-        }
-        Magic::Gguf => {
-            let g = GgufFile::read(&src)?;
-            Box::new(DenseBackend::from_gguf(src, g, role)?)
-        }
-        Magic::Knot => {
-            let c = read_container(&src)?;
-            let has = |k: &str| c.meta.get(k).is_some_and(Value::is_object);
-            match (has("sketches"), has("tensors")) {
-                (true, false) => {
-                    let f = Sk32File::from_container(&src, &c)?;
-                    Box::new(SketchBackend::new(src, f, role)?)
-                }
-                (false, true) => {
-                    let f = DenseKnotFile::from_container(&src, &c)?;
-                    Box::new(DenseBackend::from_knot(src, f, role)?)
-                }
-                (both, _) => {
-                    return Err(err(
-                        ErrorKind::BadJson,
-                        if both {
-                            "KNOT meta has both a \"sketches\" and a \"tensors\" map"
-                        } else {
-                            "KNOT meta has neither a \"sketches\" map (SK32) nor a \"tensors\" \
-                             map (dense .knot)"
-                        },
-                    )
-                    .path(path)
-                    .at(KNOT_PREFIX_LEN));
+/// A file whose header was read and validated, before it becomes a
+/// backend (`rknot verify` checks the stored blocks through it).
+pub enum ParsedFile {
+    Rknot(SourceFile, RknotFile),
+    Sk32(SourceFile, Sk32File),
+    DenseKnot(SourceFile, DenseKnotFile),
+    Gguf(SourceFile, GgufFile),
+}
+
+impl ParsedFile {
+    /// Sniff `path` and read its header.
+    pub fn open(path: &Path) -> Result<ParsedFile> {
+        let src = SourceFile::open(path)?;
+        Ok(match format::sniff(&src)? {
+            Magic::Rknot => {
+                let f = RknotFile::read(&src)?;
+                ParsedFile::Rknot(src, f)
+            }
+            Magic::Gguf => {
+                let g = GgufFile::read(&src)?;
+                ParsedFile::Gguf(src, g)
+            }
+            Magic::Knot => {
+                let c = read_container(&src)?;
+                match (c.has_sketches(), c.has_tensors()) {
+                    (true, false) => {
+                        let f = Sk32File::from_container(&src, &c)?;
+                        ParsedFile::Sk32(src, f)
+                    }
+                    (false, true) => {
+                        let f = DenseKnotFile::from_container(&src, &c)?;
+                        ParsedFile::DenseKnot(src, f)
+                    }
+                    (both, _) => {
+                        return Err(err(
+                            ErrorKind::BadJson,
+                            if both {
+                                "KNOT meta has both a \"sketches\" and a \"tensors\" map"
+                            } else {
+                                "KNOT meta has neither a \"sketches\" map (SK32) nor a \
+                                 \"tensors\" map (dense .knot)"
+                            },
+                        )
+                        .path(path)
+                        .at(KNOT_PREFIX_LEN));
+                    }
                 }
             }
-        }
-    })
+        })
+    }
+
+    /// The backend serving this file in `role`.
+    pub fn into_backend(self, role: Role) -> Result<Box<dyn Backend>> {
+        Ok(match self {
+            ParsedFile::Rknot(src, f) => Box::new(RknotBackend::new(src, f, role)?),
+            ParsedFile::Sk32(src, f) => Box::new(SketchBackend::new(src, f, role)?),
+            ParsedFile::DenseKnot(src, f) => Box::new(DenseBackend::from_knot(src, f, role)?),
+            ParsedFile::Gguf(src, g) => Box::new(DenseBackend::from_gguf(src, g, role)?),
+        })
+    }
+}
+
+/// Open one file as a backend in the given role.
+pub fn open_single(path: &Path, role: Role) -> Result<Box<dyn Backend>> {
+    ParsedFile::open(path)?.into_backend(role)
 }
 
 /// Open a source and an optional dense fallback, the way the mount and the

@@ -20,7 +20,7 @@ pub struct RknotBackend {
 }
 
 impl RknotBackend {
-    pub fn new(src: SourceFile, file: RknotFile, role: Role) -> Result<Self> {
+    pub fn new(src: SourceFile, mut file: RknotFile, role: Role) -> Result<Self> {
         let org = origin(role, FileFormat::Rknot, src.path());
         let mut table = TensorTable::default();
         for t in &file.tensors {
@@ -57,7 +57,8 @@ impl RknotBackend {
             format: FileFormat::Rknot,
             version: 2,
             path: src.path().to_path_buf(),
-            metadata: file.arch.metadata.clone(),
+            // Moved, not cloned: metadata can be tens of MB.
+            metadata: std::mem::take(&mut file.arch.metadata),
             notes: vec![
                 format!(
                     "arch {}, hidden_dim {}, {} layers ({} carried)",

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use rknot::backend::{self, Backend};
 use rknot::report;
+use rknot::text::escape_json_text;
 
 #[derive(Parser)]
 #[command(
@@ -29,9 +30,15 @@ enum Cmd {
         /// Dense fallback (GGUF or dense .knot) for tensors FILE lacks.
         #[arg(long)]
         dense: Option<PathBuf>,
-        /// Print JSON instead of text.
+        /// Print JSON instead of text. Metadata arrays longer than 1024
+        /// elements and strings longer than 64 KiB are summarized as
+        /// {"type": .., "len": .., "omitted": true} (as in index.json).
         #[arg(long)]
         json: bool,
+        /// With --json: print every metadata value in full (streamed; a
+        /// tokenizer's arrays can make this tens of MB).
+        #[arg(long, requires = "json")]
+        full: bool,
     },
     /// Write a tensor's decoded little-endian f32 bytes to stdout: exactly
     /// what the mount serves for it.
@@ -186,16 +193,24 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.cmd {
-        Cmd::Inspect { file, dense, json } => {
+        Cmd::Inspect {
+            file,
+            dense,
+            json,
+            full,
+        } => {
             let b = backend::open(&file, dense.as_deref())?;
-            let text = if json {
-                let mut s = serde_json::to_string_pretty(&report::inspect_json(b.as_ref()))?;
-                s.push('\n');
-                s
-            } else {
-                report::inspect_text(b.as_ref())
-            };
-            write_stdout(text.as_bytes())
+            if json {
+                // Streamed: one tensor's JSON at a time.
+                let doc = if full {
+                    report::InspectJson::full(b.as_ref())
+                } else {
+                    report::InspectJson::summarized(b.as_ref(), report::ARRAY_SUMMARY_LIMIT)
+                };
+                let out = io::BufWriter::new(io::stdout().lock());
+                return report::write_inspect_json(&doc, out).or_else(quiet_pipe);
+            }
+            write_stdout(report::inspect_text(b.as_ref()).as_bytes())
         }
         Cmd::Cat {
             file,
@@ -215,7 +230,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         } => {
             let r = rknot::verify::verify(&encoded, dense.as_deref())?;
             let text = if json {
-                let mut s = serde_json::to_string_pretty(&r.to_json())?;
+                let mut s = escape_json_text(serde_json::to_string_pretty(&r.to_json())?);
                 s.push('\n');
                 s
             } else {
@@ -347,7 +362,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
     let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "rknot: wrote {} ({size} bytes; {summary}) in {:.1} s",
-        out.display(),
+        rknot::text::escape(&out.to_string_lossy()),
         t0.elapsed().as_secs_f64()
     );
     Ok(())

@@ -8,10 +8,13 @@
 //! Every offset in the meta JSON is relative to `payload_base`.
 
 use std::io::Write;
+use std::ops::Range;
 
-use serde_json::{Map, Value};
+use serde::de::{self, MapAccess};
+use serde_json::Value;
 
 use crate::error::{Error, ErrorKind, Result, add, err};
+use crate::format::json::{Entries, ObjectOf, OptStr, Parse, Seed, is_object, skip_value, span_of};
 use crate::source::SourceFile;
 
 pub const KNOT_MAGIC: &[u8; 4] = b"KNOT";
@@ -20,17 +23,126 @@ pub const KNOT_VERSION: u16 = 1;
 pub const KNOT_PREFIX_LEN: u64 = 10;
 /// Codec byte value for a raw (uncompressed) payload.
 pub const CODEC_RAW: u8 = 0;
-/// Largest meta JSON we parse (it is read into memory whole).
-pub const MAX_META_LEN: u64 = 1 << 30;
+/// Largest meta JSON we read (it is read into memory whole). A dense .knot
+/// carries the model's metadata (SmolLM2's meta JSON is 1.2 MB, smaller
+/// than its 1.8 MB GGUF header; a 256k-token vocabulary with merges takes
+/// ~10 MB) and one small entry per tensor (at most
+/// [`crate::format::MAX_TENSORS`], ~100 bytes each); an SK32's is a few
+/// hundred bytes per sketch. 64 MiB is several times the largest real one
+/// and bounds what a hostile header can make a reader do (the parsers keep
+/// peak memory within ~4x the header).
+pub const MAX_META_LEN: u64 = 64 << 20;
 
-/// Parsed container header.
+/// Parsed container header: the meta JSON's bytes and where its members
+/// are (each parsed by the reader that needs it).
 #[derive(Debug, Clone)]
 pub struct KnotContainer {
     pub version: u16,
     pub meta_len: u64,
-    pub meta: Map<String, Value>,
+    /// The meta JSON (valid UTF-8 JSON whose root is an object).
+    pub meta_json: Vec<u8>,
+    pub meta: KnotMeta,
     /// Absolute file offset that every payload offset is relative to.
     pub payload_base: u64,
+}
+
+/// One member of the meta object: where its value lies in `meta_json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub span: Range<usize>,
+    pub is_object: bool,
+}
+
+/// The root of the meta JSON: the scalars, and where the tables are.
+#[derive(Debug, Clone, Default)]
+pub struct KnotMeta {
+    /// `format` when it is a string.
+    pub format: Option<String>,
+    /// `topology` when it is a string.
+    pub topology: Option<String>,
+    pub sketches: Option<Member>,
+    pub tensors: Option<Member>,
+    pub metadata: Option<Member>,
+}
+
+impl KnotContainer {
+    /// A `sketches` object is present (an SK32).
+    pub fn has_sketches(&self) -> bool {
+        self.meta.sketches.as_ref().is_some_and(|m| m.is_object)
+    }
+
+    /// A `tensors` object is present (a dense .knot).
+    pub fn has_tensors(&self) -> bool {
+        self.meta.tensors.as_ref().is_some_and(|m| m.is_object)
+    }
+
+    /// A member's JSON and its absolute file offset.
+    pub fn member(&self, m: &Member) -> (&[u8], u64) {
+        let json = self.meta_json.get(m.span.clone()).unwrap_or_default();
+        (json, KNOT_PREFIX_LEN + m.span.start as u64)
+    }
+}
+
+/// Entries of the meta object's root.
+struct RootEntries<'j> {
+    doc: &'j [u8],
+    meta: KnotMeta,
+}
+
+impl<'de: 'j, 'j> Entries<'de> for RootEntries<'j> {
+    type Value = KnotMeta;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let member = |raw: &serde_json::value::RawValue| Member {
+            span: span_of(raw, self.doc),
+            is_object: is_object(raw),
+        };
+        match key.as_str() {
+            "format" => self.meta.format = map.next_value_seed(Seed(OptStr))?,
+            "topology" => self.meta.topology = map.next_value_seed(Seed(OptStr))?,
+            "sketches" => self.meta.sketches = Some(member(map.next_value()?)),
+            "tensors" => self.meta.tensors = Some(member(map.next_value()?)),
+            "metadata" => self.meta.metadata = Some(member(map.next_value()?)),
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<KnotMeta, E> {
+        Ok(self.meta)
+    }
+}
+
+/// Check that a header is UTF-8 before parsing it: serde_json skips the
+/// strings of ignored values without looking at their bytes.
+pub fn check_utf8(json: &[u8], base: u64, what: &str) -> Result<()> {
+    std::str::from_utf8(json).map(|_| ()).map_err(|e| {
+        err(
+            ErrorKind::BadJson,
+            format!(
+                "{what} is not valid JSON: invalid UTF-8 at byte {}",
+                e.valid_up_to()
+            ),
+        )
+        .at(base + e.valid_up_to() as u64)
+    })
+}
+
+/// Parse the root of a meta JSON document (`what` names it in errors).
+pub fn parse_meta_root(json: &[u8], base: u64, what: &str) -> Result<KnotMeta> {
+    check_utf8(json, base, what)?;
+    let p = Parse::default();
+    p.run(
+        Seed(ObjectOf {
+            p: &p,
+            ctx: what,
+            state: RootEntries {
+                doc: json,
+                meta: KnotMeta::default(),
+            },
+        }),
+        json,
+        base,
+        what,
+    )
 }
 
 /// Offset of the codec byte for a given meta length.
@@ -88,9 +200,9 @@ pub fn read_container(src: &SourceFile) -> Result<KnotContainer> {
         .path(path)
         .at(6));
     }
-    let raw = src.read_vec(KNOT_PREFIX_LEN, meta_len, "meta_json")?;
+    let meta_json = src.read_vec(KNOT_PREFIX_LEN, meta_len, "meta_json")?;
     let meta =
-        parse_json_object(&raw, "meta_json").map_err(|e| e.path(path).at(KNOT_PREFIX_LEN))?;
+        parse_meta_root(&meta_json, KNOT_PREFIX_LEN, "meta_json").map_err(|e| e.path(path))?;
     // meta_len <= 1 GiB, so none of this overflows.
     let codec_at = (meta_end + 3) & !3;
     if codec_at >= src.len() {
@@ -120,33 +232,10 @@ pub fn read_container(src: &SourceFile) -> Result<KnotContainer> {
     Ok(KnotContainer {
         version,
         meta_len,
+        meta_json,
         meta,
         payload_base: codec_at + 1,
     })
-}
-
-/// Parse JSON that must be an object.
-pub fn parse_json_object(raw: &[u8], what: &str) -> Result<Map<String, Value>> {
-    let v: Value = serde_json::from_slice(raw)
-        .map_err(|e| err(ErrorKind::BadJson, format!("{what} is not valid JSON: {e}")))?;
-    match v {
-        Value::Object(m) => Ok(m),
-        other => Err(err(
-            ErrorKind::BadJson,
-            format!("{what} must be a JSON object, found {}", json_kind(&other)),
-        )),
-    }
-}
-
-pub fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a bool",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// Payload range `[base + offset, base + offset + length)` as absolute

@@ -22,7 +22,8 @@ use std::collections::HashSet;
 use std::io::Write;
 
 use crate::error::{Error, ErrorKind, Result, add, err, product};
-use crate::format::meta::{MetaType, MetaValue, Metadata};
+use crate::format::MAX_TENSORS;
+use crate::format::meta::{MetaBudget, MetaType, MetaValue, Metadata};
 use crate::names::check_servable;
 use crate::quant::GgmlType;
 use crate::source::SourceFile;
@@ -44,12 +45,15 @@ pub const MAX_KEY_BYTES: u64 = 64 << 10;
 pub const MAX_TENSOR_NAME_BYTES: u64 = 4096;
 /// Deepest accepted array nesting (an array of scalars is depth 1).
 pub const MAX_ARRAY_DEPTH: usize = 4;
-/// Most array elements accepted across all metadata values together (bounds
-/// the memory of the parsed metadata; real tokenizers hold well under 2M).
-pub const MAX_ARRAY_ELEMENTS: u64 = 1 << 24;
 /// Largest accepted header (everything before the data section). Real
-/// models' headers are a few MB, mostly tokenizer arrays.
-pub const MAX_HEADER_BYTES: u64 = 256 << 20;
+/// headers are a few MB, mostly tokenizer arrays: SmolLM2's (49k-token
+/// BPE vocabulary with merges) is 1.8 MB; a 150k-token BPE vocabulary with
+/// merges takes ~6 MB, a 256k one ~11 MB. 64 MiB leaves room for the
+/// largest of those plus an embedded `tokenizer.huggingface.json` (up to
+/// ~35 MB for Gemma 3's), and bounds what a hostile header can make a
+/// reader do. The parsed metadata is further bounded by
+/// [`crate::format::meta::meta_budget_limit`].
+pub const MAX_HEADER_BYTES: u64 = 64 << 20;
 /// ggml's GGML_MAX_DIMS.
 pub const MAX_DIMS: u32 = 4;
 
@@ -261,6 +265,12 @@ impl<'a> Cursor<'a> {
     /// A gguf string (u64 length + UTF-8 bytes). Longer than `max` is an
     /// error of kind `too_long`, reported at the length field.
     fn string(&mut self, max: u64, too_long: ErrorKind, what: What) -> Result<String> {
+        let n = self.string_len(max, too_long, what)?;
+        self.string_bytes(n, what)
+    }
+
+    /// The length field of a gguf string, checked against `max`.
+    fn string_len(&mut self, max: u64, too_long: ErrorKind, what: What) -> Result<u64> {
         let len_at = self.pos;
         let n = self.u64(&|| format!("length of {}", what()))?;
         if n > max {
@@ -273,6 +283,11 @@ impl<'a> Cursor<'a> {
             )
             .at(len_at));
         }
+        Ok(n)
+    }
+
+    /// The `n` UTF-8 bytes of a gguf string whose length was just read.
+    fn string_bytes(&mut self, n: u64, what: What) -> Result<String> {
         let data_at = self.pos;
         self.need(n, what)?;
         let bytes = if n <= READ_CHUNK as u64 {
@@ -296,17 +311,28 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Charge `bytes` of parsed metadata for `key`, of a value whose bytes end
+/// `ahead` bytes past the cursor (the header is at least that long).
+fn charge(c: &Cursor, budget: &mut MetaBudget, bytes: u64, ahead: u64, key: &str) -> Result<()> {
+    budget
+        .charge(bytes, c.pos.saturating_add(ahead))
+        .map_err(|m| err(ErrorKind::TooLarge, format!("metadata key {key:?}: {m}")).at(c.pos))
+}
+
 /// Read one value of type `ty`. `enclosing` is the number of arrays this
-/// value sits in; `budget` the array elements still allowed.
+/// value sits in; `budget` accounts the memory the parsed metadata takes.
 fn read_value(
     c: &mut Cursor,
     ty: MetaType,
     key: &str,
     enclosing: usize,
-    budget: &mut u64,
+    budget: &mut MetaBudget,
 ) -> Result<MetaValue> {
     let what = || format!("value of metadata key {key:?}");
     let w: What = &what;
+    if ty.scalar_size().is_some() {
+        charge(c, budget, MetaBudget::VALUE_BYTES, 0, key)?;
+    }
     Ok(match ty {
         MetaType::U8 => MetaValue::U8(u8::from_le_bytes(c.arr(w)?)),
         MetaType::I8 => MetaValue::I8(i8::from_le_bytes(c.arr(w)?)),
@@ -333,7 +359,11 @@ fn read_value(
             }
         }
         MetaType::String => {
-            MetaValue::String(c.string(MAX_STRING_BYTES, ErrorKind::TooLarge, w)?)
+            let n = c.string_len(MAX_STRING_BYTES, ErrorKind::TooLarge, w)?;
+            // Charged before the bytes are read and copied; they are part
+            // of the header.
+            charge(c, budget, MetaBudget::VALUE_BYTES + n, n, key)?;
+            MetaValue::String(c.string_bytes(n, w)?)
         }
         MetaType::Array => {
             let level = enclosing + 1;
@@ -365,17 +395,25 @@ fn read_value(
             c.need_items(count, min_size, n_at, &|| {
                 format!("metadata key {key:?}: array of {} elements", elem.name())
             })?;
-            if count > *budget {
+            // Refuse an array the budget cannot hold before reading it: its
+            // elements take at least `min_size` header bytes each (which
+            // raise the limit) and VALUE_BYTES of memory each.
+            let mut after = budget.clone();
+            let header_after = c.pos.saturating_add(count.saturating_mul(min_size));
+            let need = count
+                .saturating_mul(MetaBudget::VALUE_BYTES)
+                .saturating_add(MetaBudget::VALUE_BYTES);
+            if let Err(m) = after.charge(need, header_after) {
                 return Err(err(
                     ErrorKind::TooLarge,
                     format!(
-                        "metadata key {key:?}: array of {count} elements takes the metadata \
-                         past {MAX_ARRAY_ELEMENTS} array elements in total (the cap)"
+                        "metadata key {key:?}: array of {count} {} elements: {m}",
+                        elem.name()
                     ),
                 )
                 .at(n_at));
             }
-            *budget -= count;
+            charge(c, budget, MetaBudget::VALUE_BYTES, 0, key)?;
             let mut values = Vec::with_capacity((count as usize).min(PREALLOC_CAP));
             for _ in 0..count {
                 values.push(read_value(c, elem, key, level, budget)?);
@@ -450,6 +488,13 @@ fn read_inner(src: &SourceFile) -> Result<GgufFile> {
     let tensor_count = c.u64(&|| "tensor count".into())?;
     let kc_at = c.pos;
     let kv_count = c.u64(&|| "metadata kv count".into())?;
+    if tensor_count > MAX_TENSORS {
+        return Err(err(
+            ErrorKind::TooLarge,
+            format!("tensor count {tensor_count} exceeds the cap of {MAX_TENSORS} tensors"),
+        )
+        .at(tc_at));
+    }
     c.need_items(tensor_count, TENSOR_INFO_MIN_BYTES, tc_at, &|| {
         "tensor count".into()
     })?;
@@ -469,7 +514,7 @@ fn read_inner(src: &SourceFile) -> Result<GgufFile> {
         .entries
         .reserve((kv_count as usize).min(PREALLOC_CAP));
     let mut keys: HashSet<String> = HashSet::new();
-    let mut budget = MAX_ARRAY_ELEMENTS;
+    let mut budget = MetaBudget::default();
     let mut alignment = DEFAULT_ALIGNMENT;
     for i in 0..kv_count {
         let key_at = c.pos;
@@ -490,6 +535,13 @@ fn read_inner(src: &SourceFile) -> Result<GgufFile> {
             )
             .at(key_at));
         }
+        charge(
+            &c,
+            &mut budget,
+            MetaBudget::ENTRY_BYTES + key.len() as u64,
+            0,
+            &key,
+        )?;
         let ty_at = c.pos;
         let ty_id = c.u32(&|| format!("value type of metadata key {key:?}"))?;
         let ty = MetaType::from_id(ty_id).ok_or_else(|| {

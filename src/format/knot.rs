@@ -8,14 +8,20 @@
 //! `shape` is outer-first (the last dim is ggml's ne0); offsets are
 //! relative to payload_base; `length` must equal what type and shape imply.
 
+use std::cell::RefCell;
 use std::io::Write;
 
+use serde::de::{self, MapAccess};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, product};
 use crate::format::container::{self, KnotContainer};
-use crate::format::json as j;
-use crate::format::meta::Metadata;
+use crate::format::json::{
+    Entries, Field, MaxLen, ObjectOf, Parse, Seed, StrField, U64Array, U64Field, required,
+    skip_value,
+};
+use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
+use crate::format::{MAX_TENSORS, too_many_tensors};
 use crate::names;
 use crate::quant::GgmlType;
 use crate::source::SourceFile;
@@ -87,12 +93,95 @@ pub fn check_shape(shape: &[u64], ty: GgmlType) -> Result<u64> {
     Ok(n)
 }
 
+/// A tensor entry as written, before validation.
+#[derive(Default)]
+struct RawTensor {
+    ty: Option<String>,
+    shape: Option<Vec<u64>>,
+    offset: Option<u64>,
+    length: Option<u64>,
+}
+
+struct TensorFields<'a> {
+    p: &'a Parse,
+    ctx: &'a str,
+    raw: RawTensor,
+}
+
+/// More dims than this are refused while parsing (before they are kept).
+const SHAPE_PARSE_CAP: MaxLen<'static> = MaxLen {
+    len: MAX_DIMS,
+    kind: ErrorKind::BadShape,
+    message: "shape has more than 4 dims: it must have 1 to 4 dims",
+};
+
+impl<'de> Entries<'de> for TensorFields<'_> {
+    type Value = RawTensor;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let f = Field::new(self.p, self.ctx, &key);
+        let r = &mut self.raw;
+        match key.as_str() {
+            "type" => r.ty = Some(map.next_value_seed(Seed(StrField(f)))?),
+            "shape" => {
+                r.shape = Some(map.next_value_seed(Seed(U64Array {
+                    f,
+                    max: Some(SHAPE_PARSE_CAP),
+                    increasing: None,
+                }))?);
+            }
+            "offset" => r.offset = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "length" => r.length = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<RawTensor, E> {
+        Ok(self.raw)
+    }
+}
+
+/// The `tensors` map: name -> entry, in file order.
+struct TensorMap<'a> {
+    p: &'a Parse,
+    out: Vec<(String, RawTensor)>,
+}
+
+impl<'de> Entries<'de> for TensorMap<'_> {
+    type Value = Vec<(String, RawTensor)>;
+    fn entry<A: MapAccess<'de>>(&mut self, name: String, map: &mut A) -> Result<(), A::Error> {
+        let p = self.p;
+        if self.out.len() as u64 >= MAX_TENSORS {
+            let e = too_many_tensors("\"tensors\"");
+            return Err(p.fail(e.kind(), e.message()));
+        }
+        let ctx = format!("tensor {name:?}");
+        let raw = map
+            .next_value_seed(Seed(ObjectOf {
+                p,
+                ctx: &ctx,
+                state: TensorFields {
+                    p,
+                    ctx: &ctx,
+                    raw: RawTensor::default(),
+                },
+            }))
+            .inspect_err(|_| {
+                p.blame(&name);
+            })?;
+        self.out.push((name, raw));
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(self.out)
+    }
+}
+
 impl DenseKnotFile {
     pub fn from_container(src: &SourceFile, c: &KnotContainer) -> Result<DenseKnotFile> {
         let path = src.path();
         let at = container::KNOT_PREFIX_LEN;
         let wrap = |e: Error| e.path(path).at(at);
-        if let Some(f) = c.meta.get("format").and_then(Value::as_str)
+        if let Some(f) = &c.meta.format
             && f != "knot"
         {
             return Err(wrap(err(
@@ -100,18 +189,50 @@ impl DenseKnotFile {
                 format!("meta has a \"tensors\" map but \"format\": {f:?} (want \"knot\")"),
             )));
         }
-        let metadata = match c.meta.get("metadata") {
-            Some(v) => Metadata::from_json(v).map_err(wrap)?,
+        let metadata = match &c.meta.metadata {
+            Some(m) => {
+                let (json, base) = c.member(m);
+                let p = Parse::default();
+                let budget = RefCell::new(MetaBudget::default());
+                let jm = JsonMeta {
+                    p: &p,
+                    budget: &budget,
+                    header_bytes: c.meta_len,
+                };
+                p.run(Seed(MetadataSeed(jm)), json, base, "meta_json")
+                    .map_err(|e| e.path(path))?
+            }
             None => Metadata::default(),
         };
-        let map = j::obj_field(&c.meta, "meta_json", "tensors").map_err(wrap)?;
-        let mut tensors = Vec::with_capacity(map.len());
-        for (name, v) in map {
+        let member = c.meta.tensors.as_ref().ok_or_else(|| {
+            wrap(err(
+                ErrorKind::BadJson,
+                "meta_json: missing field \"tensors\"",
+            ))
+        })?;
+        let (json, base) = c.member(member);
+        let p = Parse::default();
+        let entries = p
+            .run(
+                Seed(ObjectOf {
+                    p: &p,
+                    ctx: "meta_json: field \"tensors\"",
+                    state: TensorMap {
+                        p: &p,
+                        out: Vec::new(),
+                    },
+                }),
+                json,
+                base,
+                "meta_json",
+            )
+            .map_err(|e| e.path(path))?;
+        let mut tensors = Vec::with_capacity(entries.len());
+        for (name, r) in entries {
             let ctx = format!("tensor {name:?}");
             let parse = || -> Result<KnotTensorInfo> {
-                let o = j::as_obj(v, &ctx)?;
-                let tname = j::str_field(o, &ctx, "type")?;
-                let ty = parse_type(tname).ok_or_else(|| {
+                let tname = required(r.ty, &p, &ctx, "type")?;
+                let ty = parse_type(&tname).ok_or_else(|| {
                     err(
                         ErrorKind::UnknownType,
                         format!(
@@ -120,7 +241,7 @@ impl DenseKnotFile {
                         ),
                     )
                 })?;
-                let shape = j::u64_array(o, &ctx, "shape")?;
+                let shape = required(r.shape, &p, &ctx, "shape")?;
                 let n = check_shape(&shape, ty)?;
                 let want = ty.bytes_for(n).ok_or_else(|| {
                     err(
@@ -128,8 +249,8 @@ impl DenseKnotFile {
                         format!("byte size of {n} {ty} elements"),
                     )
                 })?;
-                let offset = j::u64_field(o, &ctx, "offset")?;
-                let length = j::u64_field(o, &ctx, "length")?;
+                let offset = required(r.offset, &p, &ctx, "offset")?;
+                let length = required(r.length, &p, &ctx, "length")?;
                 if length != want {
                     return Err(err(
                         ErrorKind::LengthMismatch,
@@ -146,7 +267,7 @@ impl DenseKnotFile {
                     length,
                 })
             };
-            tensors.push(parse().map_err(|e| e.tensor(name).path(path).at(at))?);
+            tensors.push(parse().map_err(|e| e.tensor(&name).path(path).at(at))?);
         }
         tensors.sort_by(|a, b| a.offset.cmp(&b.offset).then(a.name.cmp(&b.name)));
         for w in tensors.windows(2) {

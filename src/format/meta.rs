@@ -13,9 +13,14 @@
 //! Readers also accept plain JSON values (numbers, strings, bools, arrays)
 //! written by other tools and infer a type for them.
 
+use std::cell::RefCell;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use crate::error::{ErrorKind, Result, err};
+use crate::error::{Error, ErrorKind, Result, err};
+use crate::format::json::{Expect, Found, OptStr, Parse, Seed, skip_value};
 
 /// GGUF metadata value type ids, in GGUF numbering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -237,12 +242,23 @@ impl MetaValue {
         }
     }
 
-    /// Parse a typed JSON value, or infer a type for a plain one.
+    /// Parse a typed JSON value, or infer a type for a plain one (see
+    /// [`parse_metadata_json`] for the budget).
     pub fn from_json(v: &Value) -> Result<MetaValue> {
-        if let Value::Object(obj) = v {
-            return from_typed(obj);
-        }
-        infer(v)
+        let text = serde_json::to_vec(v)
+            .map_err(|e| bad(format!("metadata value cannot be serialized: {e}")))?;
+        let p = Parse::default();
+        let budget = RefCell::new(MetaBudget::default());
+        let c = JsonMeta {
+            p: &p,
+            budget: &budget,
+            header_bytes: text.len() as u64,
+        };
+        let mut de = serde_json::Deserializer::from_slice(&text);
+        Seed(ValueSeed(c))
+            .deserialize(&mut de)
+            .and_then(|v| de.end().map(|()| v))
+            .map_err(|e| strip_offset(p.error(&e, &text, 0, "metadata value")))
     }
 }
 
@@ -262,158 +278,458 @@ fn bad(msg: String) -> crate::error::Error {
     err(ErrorKind::BadJson, msg)
 }
 
-fn from_typed(obj: &Map<String, Value>) -> Result<MetaValue> {
-    let ty = obj
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("metadata object without a string \"type\"".into()))?;
-    let t = MetaType::from_name(ty).ok_or_else(|| bad(format!("unknown metadata type {ty:?}")))?;
-    let value = obj
-        .get("value")
-        .ok_or_else(|| bad(format!("metadata {ty} without \"value\"")))?;
-    if t == MetaType::Array {
-        let et = obj
-            .get("elem_type")
-            .and_then(Value::as_str)
-            .and_then(MetaType::from_name)
-            .ok_or_else(|| bad("metadata array without a known \"elem_type\"".into()))?;
-        let items = value
-            .as_array()
-            .ok_or_else(|| bad("metadata array \"value\" is not a JSON array".into()))?;
-        let values = items
-            .iter()
-            .map(|item| {
-                if et == MetaType::Array {
-                    let o = item
-                        .as_object()
-                        .ok_or_else(|| bad("nested array element is not an object".into()))?;
-                    let inner = from_typed(o)?;
-                    if inner.meta_type() != MetaType::Array {
-                        return Err(bad("nested array element is not an array".into()));
-                    }
-                    Ok(inner)
-                } else {
-                    scalar(et, item)
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        return Ok(MetaValue::Array { elem: et, values });
+/// The same error without its byte offset (for JSON that is not a file's).
+fn strip_offset(e: Error) -> Error {
+    let mut out = err(e.kind(), e.message());
+    if let Some(t) = e.tensor_name() {
+        out = out.tensor(t);
     }
-    scalar(t, value)
+    out
 }
 
-fn scalar(t: MetaType, v: &Value) -> Result<MetaValue> {
-    let int = || -> Result<i128> {
-        if let Some(u) = v.as_u64() {
-            Ok(u.into())
-        } else if let Some(i) = v.as_i64() {
-            Ok(i.into())
-        } else {
-            Err(bad(format!(
-                "metadata {} value {v} is not an integer",
-                t.name()
-            )))
+// ------------------------------------------------------------ memory budget
+
+/// Fixed part of the metadata memory budget.
+pub const META_BUDGET_BASE: u64 = 32 << 20;
+/// Bytes of parsed metadata allowed per header byte.
+pub const META_BUDGET_PER_HEADER_BYTE: u64 = 2;
+
+/// Most memory the parsed metadata of a `header_bytes` header may take:
+/// `2 x header + 32 MiB`. Every value costs [`MetaBudget::VALUE_BYTES`]
+/// (32; an array's elements are values), a string its length more, and a
+/// key its length plus 24. Real models stay well below: SmolLM2's 1.8 MB
+/// GGUF header parses to ~5.5 MB (cap 35 MB); a 256k-token BPE vocabulary
+/// with merges, scores and token types (a 10.5 MB header) to ~37 MB (cap
+/// 54 MB). A hostile array of small numbers (1 byte each in GGUF, 2 in
+/// JSON, 32 parsed) is refused long before it can take the host's memory:
+/// the parse stays within the header + the cap.
+pub fn meta_budget_limit(header_bytes: u64) -> u64 {
+    header_bytes
+        .saturating_mul(META_BUDGET_PER_HEADER_BYTE)
+        .saturating_add(META_BUDGET_BASE)
+}
+
+/// Accounts the memory parsed metadata takes, while it is parsed, for the
+/// JSON (.knot, .rknot) and GGUF readers alike.
+#[derive(Debug, Default, Clone)]
+pub struct MetaBudget {
+    used: u64,
+}
+
+impl MetaBudget {
+    /// One value: the enum (an array's elements are values too).
+    pub const VALUE_BYTES: u64 = std::mem::size_of::<MetaValue>() as u64;
+    /// One key/value entry besides its value: the key's `String`.
+    pub const ENTRY_BYTES: u64 = std::mem::size_of::<String>() as u64;
+
+    /// Bytes charged so far.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Charge `bytes`. `header_bytes` is the header's size (for GGUF, read
+    /// so far); past [`meta_budget_limit`] the message says why.
+    pub fn charge(&mut self, bytes: u64, header_bytes: u64) -> std::result::Result<(), String> {
+        self.used = self.used.saturating_add(bytes);
+        self.check(header_bytes)
+    }
+
+    /// Whether what is charged fits the limit for `header_bytes`.
+    pub fn check(&self, header_bytes: u64) -> std::result::Result<(), String> {
+        let limit = meta_budget_limit(header_bytes);
+        if self.used > limit {
+            return Err(format!(
+                "the parsed metadata would take more than {limit} bytes of memory, the cap \
+                 for a {header_bytes}-byte header (2 x header + 32 MiB; every value takes \
+                 {} bytes, a string its length more)",
+                Self::VALUE_BYTES
+            ));
         }
-    };
-    let range = |x: i128| bad(format!("metadata {} value {x} out of range", t.name()));
-    let float = || -> Result<f64> {
-        match v {
-            Value::Number(n) => n
-                .as_f64()
-                .ok_or_else(|| bad(format!("metadata float {v} unreadable"))),
-            Value::String(s) => match s.as_str() {
-                "nan" => Ok(f64::NAN),
-                "inf" => Ok(f64::INFINITY),
-                "-inf" => Ok(f64::NEG_INFINITY),
-                _ => Err(bad(format!("metadata float {s:?} unreadable"))),
+        Ok(())
+    }
+
+    /// Charge what one value takes.
+    pub fn value_bytes(v: &MetaValue) -> u64 {
+        Self::VALUE_BYTES
+            + match v {
+                MetaValue::String(s) => s.len() as u64,
+                _ => 0,
+            }
+    }
+}
+
+// ------------------------------------------------------------ JSON reading
+
+/// What the metadata visitors share: the parse state and the budget.
+#[derive(Clone, Copy)]
+pub struct JsonMeta<'a> {
+    pub p: &'a Parse,
+    pub budget: &'a RefCell<MetaBudget>,
+    /// Size of the header the metadata sits in.
+    pub header_bytes: u64,
+}
+
+impl JsonMeta<'_> {
+    fn fail<E: de::Error>(&self, msg: String) -> E {
+        self.p.fail(ErrorKind::BadJson, msg)
+    }
+
+    fn charge<E: de::Error>(&self, bytes: u64) -> std::result::Result<(), E> {
+        self.budget
+            .borrow_mut()
+            .charge(bytes, self.header_bytes)
+            .map_err(|m| self.p.fail(ErrorKind::TooLarge, m))
+    }
+
+    fn keep<E: de::Error>(&self, v: MetaValue) -> std::result::Result<MetaValue, E> {
+        self.charge(MetaBudget::value_bytes(&v))?;
+        Ok(v)
+    }
+}
+
+/// Parse a model-metadata JSON object (typed or plain values, module docs)
+/// straight into [`Metadata`], without an intermediate `Value`, charging
+/// `budget`. Use through [`Seed`].
+pub struct MetadataSeed<'a>(pub JsonMeta<'a>);
+
+impl<'de> Expect<'de> for MetadataSeed<'_> {
+    type Value = Metadata;
+    fn wrong<E: de::Error>(self, _: Found) -> E {
+        self.0.fail("\"metadata\" is not a JSON object".into())
+    }
+    fn on_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Metadata, A::Error> {
+        let c = self.0;
+        let mut md = Metadata::default();
+        while let Some(key) = map.next_key::<String>()? {
+            c.charge(MetaBudget::ENTRY_BYTES + key.len() as u64)
+                .and_then(|()| map.next_value_seed(Seed(ValueSeed(c))))
+                .map(|v| md.push(key.clone(), v))
+                .inspect_err(|_| {
+                    c.p.prefix(&format!("metadata key {key:?}: "));
+                })?;
+        }
+        Ok(md)
+    }
+}
+
+/// A top-level metadata value: a typed object, or a plain value whose type
+/// is inferred.
+struct ValueSeed<'a>(JsonMeta<'a>);
+
+impl<'de> Expect<'de> for ValueSeed<'_> {
+    type Value = MetaValue;
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        // Only null reaches here (everything else is accepted).
+        self.0.fail(format!("metadata value is {}", found.kind()))
+    }
+    fn on_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<MetaValue, A::Error> {
+        typed(self.0, map)
+    }
+    fn on_bool<E: de::Error>(self, v: bool) -> std::result::Result<MetaValue, E> {
+        self.0.keep(MetaValue::Bool(v))
+    }
+    fn on_u64<E: de::Error>(self, v: u64) -> std::result::Result<MetaValue, E> {
+        Plain(self.0).on_u64(v)
+    }
+    fn on_i64<E: de::Error>(self, v: i64) -> std::result::Result<MetaValue, E> {
+        Plain(self.0).on_i64(v)
+    }
+    fn on_f64<E: de::Error>(self, v: f64) -> std::result::Result<MetaValue, E> {
+        Plain(self.0).on_f64(v)
+    }
+    fn on_str<E: de::Error>(self, v: &str) -> std::result::Result<MetaValue, E> {
+        Plain(self.0).on_str(v)
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<MetaValue, A::Error> {
+        Plain(self.0).on_seq(seq)
+    }
+}
+
+/// A plain JSON value written by another tool: its type is inferred
+/// (integers become u32/u64 or i32/i64, other numbers f32, arrays take
+/// their first element's type).
+struct Plain<'a>(JsonMeta<'a>);
+
+impl<'de> Expect<'de> for Plain<'_> {
+    type Value = MetaValue;
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        match found {
+            Found::Object => self.0.fail("unexpected object in metadata".into()),
+            other => self.0.fail(format!("metadata value is {}", other.kind())),
+        }
+    }
+    fn on_bool<E: de::Error>(self, v: bool) -> std::result::Result<MetaValue, E> {
+        self.0.keep(MetaValue::Bool(v))
+    }
+    fn on_u64<E: de::Error>(self, v: u64) -> std::result::Result<MetaValue, E> {
+        self.0.keep(match u32::try_from(v) {
+            Ok(x) => MetaValue::U32(x),
+            Err(_) => MetaValue::U64(v),
+        })
+    }
+    fn on_i64<E: de::Error>(self, v: i64) -> std::result::Result<MetaValue, E> {
+        self.0.keep(match i32::try_from(v) {
+            Ok(x) => MetaValue::I32(x),
+            Err(_) => MetaValue::I64(v),
+        })
+    }
+    fn on_f64<E: de::Error>(self, v: f64) -> std::result::Result<MetaValue, E> {
+        self.0.keep(MetaValue::F32(v as f32))
+    }
+    fn on_str<E: de::Error>(self, v: &str) -> std::result::Result<MetaValue, E> {
+        // Charged before the copy is made.
+        self.0.charge(MetaBudget::VALUE_BYTES + v.len() as u64)?;
+        Ok(MetaValue::String(v.to_string()))
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<MetaValue, A::Error> {
+        let c = self.0;
+        let mut values: Vec<MetaValue> = Vec::new();
+        while let Some(v) = seq.next_element_seed(Seed(Plain(c)))? {
+            if values
+                .first()
+                .is_some_and(|f| f.meta_type() != v.meta_type())
+            {
+                return Err(c.fail("plain metadata array with mixed element types".into()));
+            }
+            values.push(v);
+        }
+        let elem = values.first().map_or(MetaType::U32, MetaValue::meta_type);
+        c.keep(MetaValue::Array { elem, values })
+    }
+}
+
+/// A typed object `{"type": .., ["elem_type": ..,] "value": ..}`. The
+/// value is parsed as soon as its type is known; a value that comes before
+/// its `type` (key order carries no meaning) is kept as a span of the
+/// header and parsed at the end of the object.
+fn typed<'de, A: MapAccess<'de>>(
+    c: JsonMeta<'_>,
+    mut map: A,
+) -> std::result::Result<MetaValue, A::Error> {
+    // None: absent; Some(None): not a string.
+    let mut ty: Option<Option<MetaType>> = None;
+    let mut elem: Option<Option<MetaType>> = None;
+    let mut value: Option<MetaValue> = None;
+    let mut raw: Option<&'de RawValue> = None;
+    while let Some(key) = map.next_key::<String>()? {
+        let twice = match key.as_str() {
+            "type" => ty.is_some(),
+            "elem_type" => elem.is_some(),
+            "value" => value.is_some() || raw.is_some(),
+            _ => false,
+        };
+        if twice {
+            return Err(c.fail(format!("metadata object has {key:?} twice")));
+        }
+        match key.as_str() {
+            "type" => {
+                ty = Some(match map.next_value_seed(Seed(OptStr))? {
+                    Some(name) => Some(
+                        MetaType::from_name(&name)
+                            .ok_or_else(|| c.fail(format!("unknown metadata type {name:?}")))?,
+                    ),
+                    None => None,
+                });
+            }
+            "elem_type" => {
+                elem = Some(
+                    map.next_value_seed(Seed(OptStr))?
+                        .and_then(|n| MetaType::from_name(&n)),
+                );
+            }
+            "value" => match (ty, elem) {
+                (Some(Some(MetaType::Array)), Some(Some(et))) => {
+                    value = Some(map.next_value_seed(Seed(TypedArray { c, elem: et }))?);
+                }
+                (Some(Some(t)), _) if t != MetaType::Array => {
+                    value = Some(map.next_value_seed(Seed(Scalar { c, t }))?);
+                }
+                _ => raw = Some(map.next_value::<&'de RawValue>()?),
             },
-            _ => Err(bad(format!(
-                "metadata {} value {v} is not a number",
-                t.name()
-            ))),
+            _ => skip_value(&mut map)?,
         }
+    }
+    let Some(Some(t)) = ty else {
+        return Err(c.fail("metadata object without a string \"type\"".into()));
     };
-    Ok(match t {
-        MetaType::U8 => {
-            let x = int()?;
-            MetaValue::U8(u8::try_from(x).map_err(|_| range(x))?)
+    if value.is_none() && raw.is_none() {
+        return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
+    }
+    let et = match (t, elem) {
+        (MetaType::Array, Some(Some(et))) => Some(et),
+        (MetaType::Array, _) => {
+            return Err(c.fail("metadata array without a known \"elem_type\"".into()));
         }
-        MetaType::I8 => {
-            let x = int()?;
-            MetaValue::I8(i8::try_from(x).map_err(|_| range(x))?)
-        }
-        MetaType::U16 => {
-            let x = int()?;
-            MetaValue::U16(u16::try_from(x).map_err(|_| range(x))?)
-        }
-        MetaType::I16 => {
-            let x = int()?;
-            MetaValue::I16(i16::try_from(x).map_err(|_| range(x))?)
-        }
-        MetaType::U32 => {
-            let x = int()?;
-            MetaValue::U32(u32::try_from(x).map_err(|_| range(x))?)
-        }
-        MetaType::I32 => {
-            let x = int()?;
-            MetaValue::I32(i32::try_from(x).map_err(|_| range(x))?)
-        }
-        MetaType::U64 => {
-            let x = int()?;
-            MetaValue::U64(u64::try_from(x).map_err(|_| range(x))?)
-        }
-        MetaType::I64 => {
-            let x = int()?;
-            MetaValue::I64(i64::try_from(x).map_err(|_| range(x))?)
-        }
-        MetaType::F32 => MetaValue::F32(float()? as f32),
-        MetaType::F64 => MetaValue::F64(float()?),
-        MetaType::Bool => MetaValue::Bool(
-            v.as_bool()
-                .ok_or_else(|| bad(format!("metadata bool value {v} is not a bool")))?,
-        ),
-        MetaType::String => MetaValue::String(
-            v.as_str()
-                .ok_or_else(|| bad(format!("metadata string value {v} is not a string")))?
-                .to_string(),
-        ),
-        MetaType::Array => return Err(bad("array where a scalar was expected".into())),
-    })
+        _ => None,
+    };
+    if let Some(v) = value {
+        return Ok(v);
+    }
+    let Some(raw) = raw else {
+        return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
+    };
+    // The deferred value: a span of the same document, so it borrows.
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    let r = match et {
+        Some(elem) => Seed(TypedArray { c, elem }).deserialize(&mut de),
+        None => Seed(Scalar { c, t }).deserialize(&mut de),
+    };
+    r.map_err(de::Error::custom)
 }
 
-/// Type inference for plain JSON written by other tools.
-fn infer(v: &Value) -> Result<MetaValue> {
-    Ok(match v {
-        Value::Bool(b) => MetaValue::Bool(*b),
-        Value::String(s) => MetaValue::String(s.clone()),
-        Value::Number(n) => {
-            if let Some(u) = n.as_u64() {
-                if let Ok(x) = u32::try_from(u) {
-                    MetaValue::U32(x)
-                } else {
-                    MetaValue::U64(u)
-                }
-            } else if let Some(i) = n.as_i64() {
-                if let Ok(x) = i32::try_from(i) {
-                    MetaValue::I32(x)
-                } else {
-                    MetaValue::I64(i)
-                }
-            } else {
-                MetaValue::F32(n.as_f64().unwrap_or(f64::NAN) as f32)
+/// The `value` of a typed array.
+struct TypedArray<'a> {
+    c: JsonMeta<'a>,
+    elem: MetaType,
+}
+
+impl<'de> Expect<'de> for TypedArray<'_> {
+    type Value = MetaValue;
+    fn wrong<E: de::Error>(self, _: Found) -> E {
+        self.c
+            .fail("metadata array \"value\" is not a JSON array".into())
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<MetaValue, A::Error> {
+        let (c, elem) = (self.c, self.elem);
+        let mut values = Vec::new();
+        if elem == MetaType::Array {
+            while let Some(v) = seq.next_element_seed(Seed(Nested(c)))? {
+                values.push(v);
+            }
+        } else {
+            while let Some(v) = seq.next_element_seed(Seed(Scalar { c, t: elem }))? {
+                values.push(v);
             }
         }
-        Value::Array(items) => {
-            let values = items.iter().map(infer).collect::<Result<Vec<_>>>()?;
-            let elem = values.first().map_or(MetaType::U32, MetaValue::meta_type);
-            if values.iter().any(|x| x.meta_type() != elem) {
-                return Err(bad("plain metadata array with mixed element types".into()));
-            }
-            MetaValue::Array { elem, values }
+        c.keep(MetaValue::Array { elem, values })
+    }
+}
+
+/// An element of an array of arrays: itself a typed array object.
+struct Nested<'a>(JsonMeta<'a>);
+
+impl<'de> Expect<'de> for Nested<'_> {
+    type Value = MetaValue;
+    fn wrong<E: de::Error>(self, _: Found) -> E {
+        self.0.fail("nested array element is not an object".into())
+    }
+    fn on_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<MetaValue, A::Error> {
+        let v = typed(self.0, map)?;
+        if v.meta_type() != MetaType::Array {
+            return Err(self.0.fail("nested array element is not an array".into()));
         }
-        Value::Null => return Err(bad("metadata value is null".into())),
-        Value::Object(_) => return Err(bad("unexpected object in metadata".into())),
-    })
+        Ok(v)
+    }
+}
+
+/// One value of a declared scalar type.
+struct Scalar<'a> {
+    c: JsonMeta<'a>,
+    t: MetaType,
+}
+
+impl Scalar<'_> {
+    fn int<E: de::Error>(self, x: i128) -> std::result::Result<MetaValue, E> {
+        let range = || {
+            self.c
+                .fail(format!("metadata {} value {x} out of range", self.t.name()))
+        };
+        let v = match self.t {
+            MetaType::U8 => MetaValue::U8(u8::try_from(x).map_err(|_| range())?),
+            MetaType::I8 => MetaValue::I8(i8::try_from(x).map_err(|_| range())?),
+            MetaType::U16 => MetaValue::U16(u16::try_from(x).map_err(|_| range())?),
+            MetaType::I16 => MetaValue::I16(i16::try_from(x).map_err(|_| range())?),
+            MetaType::U32 => MetaValue::U32(u32::try_from(x).map_err(|_| range())?),
+            MetaType::I32 => MetaValue::I32(i32::try_from(x).map_err(|_| range())?),
+            MetaType::U64 => MetaValue::U64(u64::try_from(x).map_err(|_| range())?),
+            MetaType::I64 => MetaValue::I64(i64::try_from(x).map_err(|_| range())?),
+            MetaType::F32 => MetaValue::F32(x as f32),
+            MetaType::F64 => MetaValue::F64(x as f64),
+            _ => return Err(self.wrong(Found::U64(0))),
+        };
+        self.c.keep(v)
+    }
+
+    fn is_int(&self) -> bool {
+        !matches!(
+            self.t,
+            MetaType::F32 | MetaType::F64 | MetaType::Bool | MetaType::String | MetaType::Array
+        )
+    }
+}
+
+impl<'de> Expect<'de> for Scalar<'_> {
+    type Value = MetaValue;
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        let (t, v) = (self.t.name(), found.text());
+        self.c.fail(match self.t {
+            MetaType::F32 | MetaType::F64 => format!("metadata {t} value {v} is not a number"),
+            MetaType::Bool => format!("metadata bool value {v} is not a bool"),
+            MetaType::String => format!("metadata string value {v} is not a string"),
+            MetaType::Array => "array where a scalar was expected".into(),
+            _ => format!("metadata {t} value {v} is not an integer"),
+        })
+    }
+    fn on_u64<E: de::Error>(self, v: u64) -> std::result::Result<MetaValue, E> {
+        if self.is_int() || matches!(self.t, MetaType::F32 | MetaType::F64) {
+            self.int(v.into())
+        } else {
+            Err(self.wrong(Found::U64(v)))
+        }
+    }
+    fn on_i64<E: de::Error>(self, v: i64) -> std::result::Result<MetaValue, E> {
+        if self.is_int() || matches!(self.t, MetaType::F32 | MetaType::F64) {
+            self.int(v.into())
+        } else {
+            Err(self.wrong(Found::I64(v)))
+        }
+    }
+    fn on_f64<E: de::Error>(self, v: f64) -> std::result::Result<MetaValue, E> {
+        match self.t {
+            MetaType::F32 => self.c.keep(MetaValue::F32(v as f32)),
+            MetaType::F64 => self.c.keep(MetaValue::F64(v)),
+            _ => Err(self.wrong(Found::F64(v))),
+        }
+    }
+    fn on_bool<E: de::Error>(self, v: bool) -> std::result::Result<MetaValue, E> {
+        match self.t {
+            MetaType::Bool => self.c.keep(MetaValue::Bool(v)),
+            _ => Err(self.wrong(Found::Bool(v))),
+        }
+    }
+    fn on_str<E: de::Error>(self, v: &str) -> std::result::Result<MetaValue, E> {
+        let float = |x: f64| match self.t {
+            MetaType::F32 => MetaValue::F32(x as f32),
+            _ => MetaValue::F64(x),
+        };
+        match self.t {
+            MetaType::String => {
+                self.c.charge(MetaBudget::VALUE_BYTES + v.len() as u64)?;
+                Ok(MetaValue::String(v.to_string()))
+            }
+            MetaType::F32 | MetaType::F64 => match v {
+                "nan" => self.c.keep(float(f64::NAN)),
+                "inf" => self.c.keep(float(f64::INFINITY)),
+                "-inf" => self.c.keep(float(f64::NEG_INFINITY)),
+                _ => Err(self.c.fail(format!("metadata float {v:?} unreadable"))),
+            },
+            _ => Err(self.wrong(Found::Str(v))),
+        }
+    }
+}
+
+/// Parse a model-metadata JSON document (an object) with the memory budget
+/// of a `header_bytes` header. Errors carry no file offset.
+pub fn parse_metadata_json(json: &[u8], header_bytes: u64) -> Result<Metadata> {
+    let p = Parse::default();
+    let budget = RefCell::new(MetaBudget::default());
+    let c = JsonMeta {
+        p: &p,
+        budget: &budget,
+        header_bytes,
+    };
+    p.run(Seed(MetadataSeed(c)), json, 0, "metadata")
+        .map_err(strip_offset)
 }
 
 /// An ordered set of model key/values (GGUF order is kept).
@@ -448,17 +764,12 @@ impl Metadata {
         Value::Object(m)
     }
 
+    /// Parse a `metadata` object held as a `Value` (index.json's; header
+    /// readers parse straight from the file's bytes with [`MetadataSeed`]).
     pub fn from_json(v: &Value) -> Result<Metadata> {
-        let obj = v
-            .as_object()
-            .ok_or_else(|| bad("\"metadata\" is not a JSON object".into()))?;
-        let mut md = Metadata::default();
-        for (k, v) in obj {
-            let mv =
-                MetaValue::from_json(v).map_err(|e| bad(format!("metadata key {k:?}: {e}")))?;
-            md.push(k.clone(), mv);
-        }
-        Ok(md)
+        let text = serde_json::to_vec(v)
+            .map_err(|e| bad(format!("metadata cannot be serialized: {e}")))?;
+        parse_metadata_json(&text, text.len() as u64)
     }
 
     /// `general.architecture`, if present.
@@ -518,6 +829,52 @@ mod tests {
         let back = Metadata::from_json(&serde_json::from_str(&text).unwrap()).unwrap();
         assert_eq!(back, md);
         assert_eq!(back.arch_u64("block_count"), Some(30));
+    }
+
+    #[test]
+    fn floats_survive_json_exactly() {
+        // serde_json's default float parser may be off by an ulp; the
+        // `float_roundtrip` feature makes it exact.
+        let mut md = Metadata::default();
+        for (i, x) in [12487825989694781969u64 as f64, 0.1, 1e-310, f64::MAX]
+            .into_iter()
+            .enumerate()
+        {
+            md.push(format!("f64.{i}"), MetaValue::F64(x));
+        }
+        md.push("f32", MetaValue::F32(1e-5));
+        let text = serde_json::to_vec(&md.to_json()).unwrap();
+        let back = parse_metadata_json(&text, text.len() as u64).unwrap();
+        for ((k, a), (_, b)) in md.entries.iter().zip(&back.entries) {
+            let bits = |v: &MetaValue| match v {
+                MetaValue::F64(x) => x.to_bits(),
+                MetaValue::F32(x) => u64::from(x.to_bits()),
+                _ => 0,
+            };
+            assert_eq!(bits(a), bits(b), "{k}: {a:?} -> {b:?}");
+        }
+    }
+
+    #[test]
+    fn value_before_type_and_budget() {
+        let text = br#"{"a": {"value": [1, 2], "elem_type": "u8", "type": "array"},
+                        "b": {"value": "x", "type": "string"}}"#;
+        let md = parse_metadata_json(text, text.len() as u64).unwrap();
+        assert_eq!(
+            md.get("a"),
+            Some(&MetaValue::Array {
+                elem: MetaType::U8,
+                values: vec![MetaValue::U8(1), MetaValue::U8(2)]
+            })
+        );
+        assert_eq!(md.get("b"), Some(&MetaValue::String("x".into())));
+        // 2M small ints (4 MB of JSON) parse to 64 MB: over 2 x 4 MB + 32 MiB.
+        let big = format!("{{\"k\": [{}1]}}", "1,".repeat(2_000_000));
+        let e = parse_metadata_json(big.as_bytes(), big.len() as u64).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+        assert!(e.to_string().contains("metadata key \"k\""), "{e}");
+        // The same values fit the budget of a header 16x larger.
+        parse_metadata_json(big.as_bytes(), 16 * big.len() as u64).unwrap();
     }
 
     #[test]

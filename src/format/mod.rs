@@ -19,6 +19,25 @@ pub mod meta;
 pub mod rknot;
 pub mod sk32;
 
+/// Most tensors a file may hold, in every format (GGUF `tensor_count`,
+/// SK32 sketches, dense .knot tensors, .rknot tensors). Real models hold far
+/// fewer: ~300 (SmolLM2) to ~1-2k (the largest merged-expert MoE GGUFs);
+/// the old unmerged-MoE layouts (one tensor per expert) reach ~15k for
+/// Arctic and ~36k for a 94-layer, 128-expert model. Each tensor costs the
+/// mount inodes, two directory entries and index.json lines, so a
+/// million-tensor header of 44 MB must not get that far.
+pub const MAX_TENSORS: u64 = 65_536;
+
+/// The error for a table with more than [`MAX_TENSORS`] entries.
+pub fn too_many_tensors(what: &str) -> Error {
+    err(
+        ErrorKind::TooLarge,
+        format!(
+            "{what}: more than {MAX_TENSORS} tensors (the cap; real models have a few thousand at most)"
+        ),
+    )
+}
+
 /// The four kinds of file we read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileFormat {

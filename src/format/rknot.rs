@@ -21,16 +21,23 @@
 //! Entries outside the standing indices are exactly 0.0. The complete
 //! byte-level specification is docs/FORMAT.md.
 
+use std::cell::RefCell;
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::Arc;
 
+use serde::de::{self, MapAccess, SeqAccess};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::error::{Error, ErrorKind, Result, add, err, mul};
-use crate::format::container::parse_json_object;
-use crate::format::json::{self as j};
-use crate::format::meta::Metadata;
+use crate::error::{ErrorKind, Result, add, err, mul};
+use crate::format::container::check_utf8;
+use crate::format::json::{
+    AnyFound, Entries, Expect, F32Array, Field, Found, MaxLen, ObjectOf, OptStr, Parse, Seed, Seen,
+    StrField, U64Array, U64Field, required, skip_value,
+};
+use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
+use crate::format::{MAX_TENSORS, too_many_tensors};
 use crate::names;
 use crate::source::SourceFile;
 
@@ -38,8 +45,18 @@ pub const RKNOT_MAGIC: &[u8; 6] = b"RKNOT\x02";
 /// Magic + header_len.
 pub const RKNOT_PREFIX_LEN: u64 = 10;
 pub const RKNOT_VERSION: u64 = 2;
-/// Largest header JSON we parse.
+/// Largest header JSON we parse. The header lists every block's offset and
+/// length (~18 bytes of JSON per block), so it grows with the model:
+/// SmolLM2-135M at 5 bits per weight has an 8 MB header, a 7B model ~420 MB.
+/// 1 GiB holds models up to ~17B parameters at that tiling; the reader keeps
+/// peak memory within ~4x the header (blocks are kept as 16-byte pairs, the
+/// rest is small), so the cap bounds what a hostile header costs without
+/// refusing real files. (A binary block table would make this cap
+/// unnecessary; that is a format change.)
 pub const MAX_HEADER_LEN: u64 = 1 << 30;
+/// Most layers a header may list (no real model has more than a few
+/// hundred).
+pub const MAX_LAYERS: u64 = MAX_TENSORS;
 /// Largest tile, in values: 256 KiB of decoded f32.
 pub const MAX_TILE_ELEMS: u64 = 65536;
 pub const MAX_BITS: u8 = 16;
@@ -72,13 +89,14 @@ impl Manifest {
         self.standing_indices.partition_point(|&s| s < i)
     }
 
-    fn from_json(o: &j::Obj) -> Result<Manifest> {
+    /// Validate a manifest as parsed.
+    fn from_raw(r: RawManifest, p: &Parse) -> Result<Manifest> {
         let ctx = "manifest";
-        let d = j::u64_field(o, ctx, "d")?;
-        let k = j::u64_field(o, ctx, "k")?;
-        let standing_indices = j::u64_array(o, ctx, "standing_indices")?;
-        let amplitudes = j::f32_array(o, ctx, "amplitudes")?;
-        let phase_alignment = j::f32_array(o, ctx, "phase_alignment")?;
+        let d = required(r.d, p, ctx, "d")?;
+        let k = required(r.k, p, ctx, "k")?;
+        let standing_indices = required(r.standing_indices, p, ctx, "standing_indices")?;
+        let amplitudes = required(r.amplitudes, p, ctx, "amplitudes")?;
+        let phase_alignment = required(r.phase_alignment, p, ctx, "phase_alignment")?;
         if d == 0 {
             return Err(err(ErrorKind::BadValue, "manifest d is 0"));
         }
@@ -100,12 +118,7 @@ impl Manifest {
                 ));
             }
         }
-        if standing_indices.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(err(
-                ErrorKind::BadValue,
-                "manifest standing_indices must be strictly increasing",
-            ));
-        }
+        // Strictly increasing was checked while parsing.
         if let Some(&last) = standing_indices.last()
             && last >= d
         {
@@ -337,95 +350,14 @@ impl RknotFile {
             .at(6));
         }
         let raw = src.read_vec(RKNOT_PREFIX_LEN, header_len, "header_json")?;
-        let at = RKNOT_PREFIX_LEN;
-        let wrap = |e: Error| e.path(path).at(at);
-        let h = parse_json_object(&raw, "header_json").map_err(wrap)?;
-        if let Some(f) = h.get("format").and_then(Value::as_str)
-            && f != "rknot"
-        {
-            return Err(wrap(err(
-                ErrorKind::BadValue,
-                format!("header \"format\" is {f:?}, want \"rknot\""),
-            )));
-        }
-        if let Some(v) = h.get("version")
-            && v.as_u64() != Some(RKNOT_VERSION)
-        {
-            return Err(wrap(err(
-                ErrorKind::UnsupportedVersion,
-                format!("header version {v} is not supported (only {RKNOT_VERSION})"),
-            )));
-        }
-        let am = j::obj_field(&h, "header", "arch_meta").map_err(wrap)?;
-        let arch = ArchMeta {
-            arch: j::str_field(am, "arch_meta", "arch")
-                .map_err(wrap)?
-                .to_string(),
-            hidden_dim: j::u64_field(am, "arch_meta", "hidden_dim").map_err(wrap)?,
-            num_layers: j::u64_field(am, "arch_meta", "num_layers").map_err(wrap)?,
-            metadata: match am.get("metadata") {
-                Some(v) => Metadata::from_json(v).map_err(wrap)?,
-                None => Metadata::default(),
-            },
-        };
+        check_utf8(&raw, RKNOT_PREFIX_LEN, "header_json").map_err(|e| e.path(path))?;
         let body_len = src.len() - body_offset;
-        let mut layers = Vec::new();
-        let mut tensors = Vec::new();
-        let mut seen_layers = HashSet::new();
-        for (li, lv) in j::arr_field(&h, "header", "layers")
-            .map_err(wrap)?
-            .iter()
-            .enumerate()
-        {
-            let lctx = format!("layers[{li}]");
-            let lo = j::as_obj(lv, &lctx).map_err(wrap)?;
-            let index = j::u64_field(lo, &lctx, "index").map_err(wrap)?;
-            if index >= arch.num_layers || !seen_layers.insert(index) {
-                return Err(wrap(err(
-                    ErrorKind::BadValue,
-                    format!(
-                        "{lctx}: layer index {index} is duplicated or not below num_layers {}",
-                        arch.num_layers
-                    ),
-                )));
-            }
-            let manifest = Manifest::from_json(j::obj_field(lo, &lctx, "manifest").map_err(wrap)?)
-                .map_err(|e| wrap(e).tensor(&format!("layer {index} manifest")))?;
-            let manifest = Arc::new(manifest);
-            let layer_pos = layers.len();
-            for tv in j::arr_field(lo, &lctx, "tensors").map_err(wrap)? {
-                let t =
-                    parse_tensor(tv, layer_pos, &manifest, body_offset, body_len).map_err(|e| {
-                        let name = tv
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("<unnamed>")
-                            .to_string();
-                        wrap(e).tensor(&name)
-                    })?;
-                tensors.push(t);
-            }
-            layers.push(RknotLayer { index, manifest });
-        }
-        // Blocks of all tensors must not overlap.
-        let mut extents: Vec<(u64, u64, usize)> = tensors
-            .iter()
-            .enumerate()
-            .flat_map(|(ti, t)| t.blocks.iter().map(move |&(o, l)| (o, u64::from(l), ti)))
-            .collect();
-        extents.sort_unstable();
-        for w in extents.windows(2) {
-            if w[0].0 + w[0].1 > w[1].0 {
-                let (a, b) = (&tensors[w[0].2].name, &tensors[w[1].2].name);
-                return Err(err(
-                    ErrorKind::BadValue,
-                    format!("blocks overlap in the body (tensors {a:?} and {b:?})"),
-                )
-                .path(path)
-                .tensor(b)
-                .at(w[1].0));
-            }
-        }
+        let (arch, layers, tensors) = parse_header(&raw, body_offset, body_len)
+            .map_err(|e| e.path(path).at(RKNOT_PREFIX_LEN))?;
+        // Everything kept is owned: the header's bytes can go before the
+        // overlap check needs its own memory.
+        drop(raw);
+        check_overlaps(&tensors).map_err(|e| e.path(path))?;
         Ok(RknotFile {
             header_len,
             body_offset,
@@ -436,18 +368,494 @@ impl RknotFile {
     }
 }
 
-fn parse_tensor(
-    tv: &Value,
+// ------------------------------------------------------------ header parse
+
+/// Absolute offset of a span captured from the header.
+fn base_of(raw: &RawValue, header: &[u8]) -> u64 {
+    RKNOT_PREFIX_LEN + crate::format::json::span_of(raw, header).start as u64
+}
+
+type Parsed = (ArchMeta, Vec<RknotLayer>, Vec<RknotTensorInfo>);
+
+/// Parse and validate the header JSON; block offsets are checked against
+/// the body `[body_offset, body_offset + body_len)`.
+fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
+    let p = Parse::default();
+    let budget = RefCell::new(MetaBudget::default());
+    let jm = JsonMeta {
+        p: &p,
+        budget: &budget,
+        header_bytes: raw.len() as u64,
+    };
+    let root = p.run(
+        Seed(ObjectOf {
+            p: &p,
+            ctx: "header_json",
+            state: RootFields {
+                jm,
+                root: RawRoot::default(),
+            },
+        }),
+        raw,
+        RKNOT_PREFIX_LEN,
+        "header_json",
+    )?;
+    if let Some(f) = &root.format
+        && f != "rknot"
+    {
+        return Err(err(
+            ErrorKind::BadValue,
+            format!("header \"format\" is {f:?}, want \"rknot\""),
+        ));
+    }
+    if let Some(v) = &root.version
+        && *v != Seen::U64(RKNOT_VERSION)
+    {
+        return Err(err(
+            ErrorKind::UnsupportedVersion,
+            format!(
+                "header version {} is not supported (only {RKNOT_VERSION})",
+                v.found()
+            ),
+        ));
+    }
+    let am = required(root.arch_meta, &p, "header", "arch_meta")?;
+    let arch = ArchMeta {
+        arch: required(am.arch, &p, "arch_meta", "arch")?,
+        hidden_dim: required(am.hidden_dim, &p, "arch_meta", "hidden_dim")?,
+        num_layers: required(am.num_layers, &p, "arch_meta", "num_layers")?,
+        metadata: am.metadata.unwrap_or_default(),
+    };
+    let layers_raw = required(root.layers, &p, "header", "layers")?;
+    let raw_layers = p.run(
+        Seed(LayersSeed { p: &p }),
+        layers_raw.get().as_bytes(),
+        base_of(layers_raw, raw),
+        "header_json",
+    )?;
+    let mut layers = Vec::with_capacity(raw_layers.len());
+    let mut tensors: Vec<RknotTensorInfo> = Vec::new();
+    let mut seen_layers = HashSet::new();
+    for (li, rl) in raw_layers.into_iter().enumerate() {
+        let lctx = format!("layers[{li}]");
+        let index = required(rl.index, &p, &lctx, "index")?;
+        if index >= arch.num_layers || !seen_layers.insert(index) {
+            return Err(err(
+                ErrorKind::BadValue,
+                format!(
+                    "{lctx}: layer index {index} is duplicated or not below num_layers {}",
+                    arch.num_layers
+                ),
+            ));
+        }
+        let manifest = required(rl.manifest, &p, &lctx, "manifest")
+            .and_then(|m| Manifest::from_raw(m, &p))
+            .map_err(|e| e.tensor(&format!("layer {index} manifest")))?;
+        let manifest = Arc::new(manifest);
+        let layer_pos = layers.len();
+        let traw = required(rl.tensors, &p, &lctx, "tensors")?;
+        let raw_tensors = p.run(
+            Seed(TensorsSeed {
+                p: &p,
+                lctx: &lctx,
+                allowed: MAX_TENSORS.saturating_sub(tensors.len() as u64),
+                current: RefCell::new(None),
+            }),
+            traw.get().as_bytes(),
+            base_of(traw, raw),
+            "header_json",
+        )?;
+        for rt in raw_tensors {
+            let name = rt.name.clone().unwrap_or_else(|| "<unnamed>".into());
+            let t = build_tensor(rt, layer_pos, &manifest, body_offset, body_len, &p, raw)
+                .map_err(|e| e.tensor(&name))?;
+            tensors.push(t);
+        }
+        layers.push(RknotLayer { index, manifest });
+    }
+    Ok((arch, layers, tensors))
+}
+
+#[derive(Default)]
+struct RawRoot<'de> {
+    format: Option<String>,
+    version: Option<Seen>,
+    arch_meta: Option<RawArch>,
+    layers: Option<&'de RawValue>,
+}
+
+struct RootFields<'a, 'de> {
+    jm: JsonMeta<'a>,
+    root: RawRoot<'de>,
+}
+
+impl<'de> Entries<'de> for RootFields<'_, 'de> {
+    type Value = RawRoot<'de>;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let p = self.jm.p;
+        match key.as_str() {
+            "format" => self.root.format = map.next_value_seed(Seed(OptStr))?,
+            "version" => self.root.version = Some(map.next_value_seed(Seed(AnyFound))?),
+            "arch_meta" => {
+                self.root.arch_meta = Some(map.next_value_seed(Seed(ObjectOf {
+                    p,
+                    ctx: "header: field \"arch_meta\"",
+                    state: ArchFields {
+                        jm: self.jm,
+                        raw: RawArch::default(),
+                    },
+                }))?);
+            }
+            "layers" => {
+                let v: &'de RawValue = map.next_value()?;
+                self.root.layers = Some(v);
+            }
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<RawRoot<'de>, E> {
+        Ok(self.root)
+    }
+}
+
+#[derive(Default)]
+struct RawArch {
+    arch: Option<String>,
+    hidden_dim: Option<u64>,
+    num_layers: Option<u64>,
+    metadata: Option<Metadata>,
+}
+
+struct ArchFields<'a> {
+    jm: JsonMeta<'a>,
+    raw: RawArch,
+}
+
+impl<'de> Entries<'de> for ArchFields<'_> {
+    type Value = RawArch;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let f = Field::new(self.jm.p, "arch_meta", &key);
+        let r = &mut self.raw;
+        match key.as_str() {
+            "arch" => r.arch = Some(map.next_value_seed(Seed(StrField(f)))?),
+            "hidden_dim" => r.hidden_dim = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "num_layers" => r.num_layers = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "metadata" => r.metadata = Some(map.next_value_seed(Seed(MetadataSeed(self.jm)))?),
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<RawArch, E> {
+        Ok(self.raw)
+    }
+}
+
+/// `layers`: an array of layer objects.
+struct LayersSeed<'a> {
+    p: &'a Parse,
+}
+
+impl<'de> Expect<'de> for LayersSeed<'_> {
+    type Value = Vec<RawLayer<'de>>;
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        Field::new(self.p, "header", "layers").wrong("an array", found)
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let p = self.p;
+        let mut out = Vec::new();
+        loop {
+            if out.len() as u64 >= MAX_LAYERS {
+                if seq.next_element::<de::IgnoredAny>()?.is_none() {
+                    break;
+                }
+                return Err(p.fail(
+                    ErrorKind::TooLarge,
+                    format!("header: more than {MAX_LAYERS} layers (the cap)"),
+                ));
+            }
+            let ctx = format!("layers[{}]", out.len());
+            let layer = seq.next_element_seed(Seed(ObjectOf {
+                p,
+                ctx: &ctx,
+                state: LayerFields {
+                    p,
+                    li: out.len(),
+                    raw: RawLayer::default(),
+                },
+            }))?;
+            match layer {
+                Some(l) => out.push(l),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Default)]
+struct RawLayer<'de> {
+    index: Option<u64>,
+    manifest: Option<RawManifest>,
+    tensors: Option<&'de RawValue>,
+}
+
+struct LayerFields<'a, 'de> {
+    p: &'a Parse,
+    li: usize,
+    raw: RawLayer<'de>,
+}
+
+impl<'de> Entries<'de> for LayerFields<'_, 'de> {
+    type Value = RawLayer<'de>;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let p = self.p;
+        let lctx = format!("layers[{}]", self.li);
+        match key.as_str() {
+            "index" => {
+                let f = Field::new(p, &lctx, "index");
+                self.raw.index = Some(map.next_value_seed(Seed(U64Field(f)))?);
+            }
+            "manifest" => {
+                let m = map
+                    .next_value_seed(Seed(ObjectOf {
+                        p,
+                        ctx: &format!("{lctx}: field \"manifest\""),
+                        state: ManifestFields {
+                            p,
+                            raw: RawManifest::default(),
+                        },
+                    }))
+                    .inspect_err(|_| {
+                        p.blame(&match self.raw.index {
+                            Some(i) => format!("layer {i} manifest"),
+                            None => format!("{lctx} manifest"),
+                        });
+                    })?;
+                self.raw.manifest = Some(m);
+            }
+            "tensors" => {
+                let v: &'de RawValue = map.next_value()?;
+                self.raw.tensors = Some(v);
+            }
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<RawLayer<'de>, E> {
+        Ok(self.raw)
+    }
+}
+
+#[derive(Default)]
+struct RawManifest {
+    d: Option<u64>,
+    k: Option<u64>,
+    standing_indices: Option<Vec<u64>>,
+    amplitudes: Option<Vec<f32>>,
+    phase_alignment: Option<Vec<f32>>,
+}
+
+struct ManifestFields<'a> {
+    p: &'a Parse,
+    raw: RawManifest,
+}
+
+impl<'de> Entries<'de> for ManifestFields<'_> {
+    type Value = RawManifest;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let f = Field::new(self.p, "manifest", &key);
+        let r = &mut self.raw;
+        match key.as_str() {
+            "d" => r.d = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "k" => r.k = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "standing_indices" => {
+                // Checked while parsing: an array of repeated small numbers
+                // would otherwise take 8 bytes per 2 bytes of header.
+                r.standing_indices = Some(map.next_value_seed(Seed(U64Array {
+                    f,
+                    max: None,
+                    increasing: Some("manifest standing_indices must be strictly increasing"),
+                }))?);
+            }
+            "amplitudes" => r.amplitudes = Some(map.next_value_seed(Seed(F32Array(f)))?),
+            "phase_alignment" => {
+                r.phase_alignment = Some(map.next_value_seed(Seed(F32Array(f)))?);
+            }
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<RawManifest, E> {
+        Ok(self.raw)
+    }
+}
+
+/// A layer's `tensors`: an array of tensor objects.
+struct TensorsSeed<'a> {
+    p: &'a Parse,
+    lctx: &'a str,
+    /// Tensors this layer may still add under [`MAX_TENSORS`].
+    allowed: u64,
+    /// Name of the tensor being parsed, once seen (for errors).
+    current: RefCell<Option<String>>,
+}
+
+impl<'de> Expect<'de> for TensorsSeed<'_> {
+    type Value = Vec<RawTensor<'de>>;
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        Field::new(self.p, self.lctx, "tensors").wrong("an array", found)
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let p = self.p;
+        let mut out = Vec::new();
+        loop {
+            *self.current.borrow_mut() = None;
+            if out.len() as u64 >= self.allowed {
+                if seq.next_element::<de::IgnoredAny>()?.is_none() {
+                    break;
+                }
+                let e = too_many_tensors("header");
+                return Err(p.fail(e.kind(), e.message()));
+            }
+            let t = seq
+                .next_element_seed(Seed(ObjectOf {
+                    p,
+                    ctx: "tensor",
+                    state: TensorFields {
+                        p,
+                        current: &self.current,
+                        raw: RawTensor::default(),
+                    },
+                }))
+                .inspect_err(|_| {
+                    p.blame(self.current.borrow().as_deref().unwrap_or("<unnamed>"));
+                })?;
+            match t {
+                Some(t) => out.push(t),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Default)]
+struct RawTensor<'de> {
+    name: Option<String>,
+    shape: Option<Vec<u64>>,
+    /// (rows, cols) restricted.
+    restricted: Option<(bool, bool)>,
+    mode: Option<String>,
+    bits: Option<u64>,
+    line_axis: Option<Seen>,
+    block_shape: Option<Vec<u64>>,
+    blocks: Option<&'de RawValue>,
+}
+
+struct TensorFields<'a, 'de> {
+    p: &'a Parse,
+    current: &'a RefCell<Option<String>>,
+    raw: RawTensor<'de>,
+}
+
+impl<'de> Entries<'de> for TensorFields<'_, 'de> {
+    type Value = RawTensor<'de>;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let p = self.p;
+        let f = Field::new(p, "tensor", &key);
+        let two = |message| MaxLen {
+            len: 2,
+            kind: ErrorKind::BadShape,
+            message,
+        };
+        let r = &mut self.raw;
+        match key.as_str() {
+            "name" => {
+                let name = map.next_value_seed(Seed(StrField(f)))?;
+                *self.current.borrow_mut() = Some(name.clone());
+                r.name = Some(name);
+            }
+            "shape" => {
+                r.shape = Some(map.next_value_seed(Seed(U64Array {
+                    f,
+                    max: Some(two("shape has more than 2 entries (must be [d_out, d_in])")),
+                    increasing: None,
+                }))?);
+            }
+            "restricted_axes" => r.restricted = Some(map.next_value_seed(Seed(Axes(f)))?),
+            "mode" => r.mode = Some(map.next_value_seed(Seed(StrField(f)))?),
+            "bits" => r.bits = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "line_axis" => r.line_axis = Some(map.next_value_seed(Seed(AnyFound))?),
+            "block_shape" => {
+                r.block_shape = Some(map.next_value_seed(Seed(U64Array {
+                    f,
+                    max: Some(two(
+                        "block_shape has more than 2 entries (must be [rows, cols])",
+                    )),
+                    increasing: None,
+                }))?);
+            }
+            "blocks" => {
+                let v: &'de RawValue = map.next_value()?;
+                r.blocks = Some(v);
+            }
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<RawTensor<'de>, E> {
+        Ok(self.raw)
+    }
+}
+
+/// `restricted_axes`: a list of "rows" / "cols".
+struct Axes<'a>(Field<'a>);
+
+impl<'de> Expect<'de> for Axes<'_> {
+    type Value = (bool, bool);
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        self.0.wrong("an array", found)
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(bool, bool), A::Error> {
+        let (mut rows, mut cols) = (false, false);
+        while let Some(a) = seq.next_element_seed(Seed(AnyFound))? {
+            let axis = match &a {
+                Seen::Str(s) => Axis::parse(s),
+                _ => None,
+            };
+            match axis {
+                Some(Axis::Rows) => rows = true,
+                Some(Axis::Cols) => cols = true,
+                None => {
+                    return Err(self.0.p.fail(
+                        ErrorKind::BadValue,
+                        format!(
+                            "restricted_axes entry {} is not \"rows\" or \"cols\"",
+                            a.found()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok((rows, cols))
+    }
+}
+
+/// Validate a tensor as parsed and read its block table.
+fn build_tensor(
+    r: RawTensor<'_>,
     layer: usize,
     manifest: &Manifest,
     body_offset: u64,
     body_len: u64,
+    p: &Parse,
+    header: &[u8],
 ) -> Result<RknotTensorInfo> {
     let ctx = "tensor";
-    let o = j::as_obj(tv, ctx)?;
-    let name = j::str_field(o, ctx, "name")?.to_string();
+    let name = required(r.name, p, ctx, "name")?;
     names::check_servable(&name)?;
-    let shape = j::u64_array(o, ctx, "shape")?;
+    let shape = required(r.shape, p, ctx, "shape")?;
     let [d_out, d_in] = shape[..] else {
         return Err(err(
             ErrorKind::BadShape,
@@ -462,20 +870,7 @@ fn parse_tensor(
     }
     // The served f32 bytes (d_out * d_in * 4) must fit u64 too.
     mul(mul(d_out, d_in, "d_out * d_in")?, 4, "served size in bytes")?;
-    let mut restrict_rows = false;
-    let mut restrict_cols = false;
-    for a in j::arr_field(o, ctx, "restricted_axes")? {
-        match a.as_str().and_then(Axis::parse) {
-            Some(Axis::Rows) => restrict_rows = true,
-            Some(Axis::Cols) => restrict_cols = true,
-            None => {
-                return Err(err(
-                    ErrorKind::BadValue,
-                    format!("restricted_axes entry {a} is not \"rows\" or \"cols\""),
-                ));
-            }
-        }
-    }
+    let (restrict_rows, restrict_cols) = required(r.restricted, p, ctx, "restricted_axes")?;
     for (on, len, axis) in [
         (restrict_rows, d_out, "rows"),
         (restrict_cols, d_in, "cols"),
@@ -491,7 +886,7 @@ fn parse_tensor(
             ));
         }
     }
-    let mode = match j::str_field(o, ctx, "mode")? {
+    let mode = match required(r.mode, p, ctx, "mode")?.as_str() {
         "uniform" => BlockMode::Uniform,
         "graded" => BlockMode::Graded,
         m => {
@@ -501,18 +896,22 @@ fn parse_tensor(
             ));
         }
     };
-    let bits = j::u64_field(o, ctx, "bits")?;
+    let bits = required(r.bits, p, ctx, "bits")?;
     if !(1..=u64::from(MAX_BITS)).contains(&bits) {
         return Err(err(
             ErrorKind::BadValue,
             format!("bits {bits} must be in 1..={MAX_BITS}"),
         ));
     }
-    let line_axis = match o.get("line_axis") {
-        Some(v) => v.as_str().and_then(Axis::parse).ok_or_else(|| {
+    let line_axis = match &r.line_axis {
+        Some(v) => match v {
+            Seen::Str(s) => Axis::parse(s),
+            _ => None,
+        }
+        .ok_or_else(|| {
             err(
                 ErrorKind::BadValue,
-                format!("line_axis {v} is not \"rows\" or \"cols\""),
+                format!("line_axis {} is not \"rows\" or \"cols\"", v.found()),
             )
         })?,
         None if mode == BlockMode::Graded => {
@@ -523,7 +922,7 @@ fn parse_tensor(
         }
         None => Axis::Rows,
     };
-    let block_shape = j::u64_array(o, ctx, "block_shape")?;
+    let block_shape = required(r.block_shape, p, ctx, "block_shape")?;
     let [block_rows, block_cols] = block_shape[..] else {
         return Err(err(
             ErrorKind::BadShape,
@@ -552,17 +951,7 @@ fn parse_tensor(
         block_rows,
         block_cols,
     };
-    let raw_blocks = j::arr_field(o, ctx, "blocks")?;
-    if raw_blocks.len() as u64 != grid.n_blocks() {
-        return Err(err(
-            ErrorKind::BadValue,
-            format!(
-                "{} blocks listed, the tiling needs {}",
-                raw_blocks.len(),
-                grid.n_blocks()
-            ),
-        ));
-    }
+    let blocks_raw = required(r.blocks, p, ctx, "blocks")?;
     let mut info = RknotTensorInfo {
         name,
         layer,
@@ -574,29 +963,47 @@ fn parse_tensor(
         bits: bits as u8,
         line_axis,
         grid,
-        blocks: Vec::with_capacity(raw_blocks.len()),
+        blocks: Vec::new(),
     };
-    for (bi, b) in raw_blocks.iter().enumerate() {
-        let pair = b.as_array().filter(|a| a.len() == 2);
-        let (off, len) = match pair.map(|a| (a[0].as_u64(), a[1].as_u64())) {
-            Some((Some(o), Some(l))) => (o, l),
-            _ => {
-                return Err(err(
-                    ErrorKind::BadJson,
-                    format!("blocks[{bi}] must be [offset, length]"),
-                ));
-            }
-        };
+    info.blocks = p.run(
+        Seed(BlocksSeed {
+            p,
+            info: &info,
+            body_offset,
+            body_len,
+        }),
+        blocks_raw.get().as_bytes(),
+        base_of(blocks_raw, header),
+        "header_json",
+    )?;
+    Ok(info)
+}
+
+/// A tensor's `blocks`: `[offset, length]` pairs, each checked against the
+/// body and its tile as it is read.
+struct BlocksSeed<'a> {
+    p: &'a Parse,
+    info: &'a RknotTensorInfo,
+    body_offset: u64,
+    body_len: u64,
+}
+
+impl BlocksSeed<'_> {
+    fn check(&self, bi: u64, off: u64, len: u64) -> Result<(u64, u32)> {
+        let body_offset = self.body_offset;
         let end = add(off, len, "block end")?;
-        if end > body_len {
+        if end > self.body_len {
             return Err(err(
                 ErrorKind::OutOfBounds,
-                format!("block {bi} [{off}, {end}) lies outside the body ({body_len} bytes)"),
+                format!(
+                    "block {bi} [{off}, {end}) lies outside the body ({} bytes)",
+                    self.body_len
+                ),
             )
             .at(body_offset.saturating_add(off)));
         }
-        let tile = grid.tile(bi as u64);
-        let (lo, hi) = info.block_len_bounds(&tile);
+        let tile = self.info.grid.tile(bi);
+        let (lo, hi) = self.info.block_len_bounds(&tile);
         if len < lo || len > hi {
             return Err(err(
                 ErrorKind::LengthMismatch,
@@ -604,7 +1011,7 @@ fn parse_tensor(
                     "block {bi} has length {len}; a {}x{} tile at {} bits needs {}",
                     tile.rows,
                     tile.cols,
-                    info.bits,
+                    self.info.bits,
                     if lo == hi {
                         lo.to_string()
                     } else {
@@ -614,17 +1021,156 @@ fn parse_tensor(
             )
             .at(body_offset + off));
         }
-        // len <= hi < 2^32 (tile <= 65536 values of <= 16 bits).
-        info.blocks.push((body_offset + off, len as u32));
+        // len <= hi < 2^32 (a tile is <= 65536 values of <= 16 bits), and
+        // end <= body_len, so the absolute offset fits.
+        Ok((body_offset + off, len as u32))
     }
-    Ok(info)
 }
 
-/// Decode one block (`bytes` = its payload) into `out`, the tile's values in
-/// row-major order (`tile.rows * tile.cols` entries).
-pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f32]) -> Result<()> {
-    let n = (tile.rows * tile.cols) as usize;
-    if out.len() != n || bytes.len() < 4 {
+impl<'de> Expect<'de> for BlocksSeed<'_> {
+    type Value = Vec<(u64, u32)>;
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        Field::new(self.p, "tensor", "blocks").wrong("an array", found)
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<(u64, u32)>, A::Error> {
+        let p = self.p;
+        let need = self.info.grid.n_blocks();
+        // Not reserved from `need`: that number comes from the file.
+        let mut out = Vec::new();
+        let mut listed = 0u64;
+        loop {
+            if listed < need {
+                match seq.next_element_seed(Seed(Pair { p, bi: listed }))? {
+                    Some((off, len)) => {
+                        out.push(self.check(listed, off, len).map_err(|e| p.fail_error(e))?);
+                    }
+                    None => break,
+                }
+            } else if seq.next_element::<de::IgnoredAny>()?.is_none() {
+                break;
+            }
+            listed += 1;
+        }
+        if listed != need {
+            return Err(p.fail(
+                ErrorKind::BadValue,
+                format!("{listed} blocks listed, the tiling needs {need}"),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// One `[offset, length]` pair.
+struct Pair<'a> {
+    p: &'a Parse,
+    bi: u64,
+}
+
+impl<'de> Expect<'de> for Pair<'_> {
+    type Value = (u64, u64);
+    fn wrong<E: de::Error>(self, _: Found) -> E {
+        self.p.fail(
+            ErrorKind::BadJson,
+            format!("blocks[{}] must be [offset, length]", self.bi),
+        )
+    }
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(u64, u64), A::Error> {
+        let bad = || {
+            self.p.fail(
+                ErrorKind::BadJson,
+                format!("blocks[{}] must be [offset, length]", self.bi),
+            )
+        };
+        let first = seq.next_element_seed(Seed(PairElem(self.p, self.bi)))?;
+        let second = seq.next_element_seed(Seed(PairElem(self.p, self.bi)))?;
+        match (first, second) {
+            (Some(o), Some(l)) => {
+                if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                    return Err(bad());
+                }
+                Ok((o, l))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+struct PairElem<'a>(&'a Parse, u64);
+
+impl<'de> Expect<'de> for PairElem<'_> {
+    type Value = u64;
+    fn wrong<E: de::Error>(self, _: Found) -> E {
+        self.0.fail(
+            ErrorKind::BadJson,
+            format!("blocks[{}] must be [offset, length]", self.1),
+        )
+    }
+    fn on_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+}
+
+/// No two blocks of the file may overlap.
+fn check_overlaps(tensors: &[RknotTensorInfo]) -> Result<()> {
+    // Writers lay blocks out in tensor and block order: check that in one
+    // pass without allocating.
+    let mut prev_end = 0u64;
+    let in_order = tensors.iter().flat_map(|t| t.blocks.iter()).all(|&(o, l)| {
+        let ok = o >= prev_end;
+        prev_end = o + u64::from(l);
+        ok
+    });
+    if in_order {
+        return Ok(());
+    }
+    // Otherwise sort block numbers (4 bytes each) by offset.
+    let mut starts = Vec::with_capacity(tensors.len() + 1);
+    let mut total = 0u64;
+    for t in tensors {
+        starts.push(total);
+        total += t.blocks.len() as u64;
+    }
+    let total = u32::try_from(total).map_err(|_| {
+        err(
+            ErrorKind::TooLarge,
+            format!("{total} blocks: more than any header can list"),
+        )
+    })?;
+    let block = |g: u32| -> (usize, (u64, u32)) {
+        let ti = starts.partition_point(|&s| s <= u64::from(g)) - 1;
+        (ti, tensors[ti].blocks[(u64::from(g) - starts[ti]) as usize])
+    };
+    let mut order: Vec<u32> = (0..total).collect();
+    order.sort_unstable_by_key(|&g| block(g).1.0);
+    for w in order.windows(2) {
+        let (ta, a) = block(w[0]);
+        let (tb, b) = block(w[1]);
+        if a.0 + u64::from(a.1) > b.0 {
+            let (na, nb) = (&tensors[ta].name, &tensors[tb].name);
+            return Err(err(
+                ErrorKind::BadValue,
+                format!("blocks overlap in the body (tensors {na:?} and {nb:?})"),
+            )
+            .tensor(nb)
+            .at(b.0));
+        }
+    }
+    Ok(())
+}
+
+/// A block's payload split and checked: scale (finite), width table
+/// (graded; every width <= the tensor's bits) and codes (of exactly the
+/// length the mode and widths imply).
+struct BlockParts<'a> {
+    scale: f32,
+    table: &'a [u8],
+    codes: &'a [u8],
+}
+
+fn block_parts<'a>(t: &RknotTensorInfo, tile: &Tile, bytes: &'a [u8]) -> Result<BlockParts<'a>> {
+    let n = tile.rows * tile.cols;
+    if bytes.len() < 4 {
         return Err(err(
             ErrorKind::LengthMismatch,
             format!("block of {} bytes for a tile of {n} values", bytes.len()),
@@ -637,7 +1183,7 @@ pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f
     match t.mode {
         BlockMode::Uniform => {
             let codes = &bytes[4..];
-            let want = (n as u64 * u64::from(t.bits)).div_ceil(8);
+            let want = (n * u64::from(t.bits)).div_ceil(8);
             if codes.len() as u64 != want {
                 return Err(err(
                     ErrorKind::LengthMismatch,
@@ -647,7 +1193,11 @@ pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f
                     ),
                 ));
             }
-            unpack_uniform(codes, t.bits, scale, out);
+            Ok(BlockParts {
+                scale,
+                table: &[],
+                codes,
+            })
         }
         BlockMode::Graded => {
             let lines = t.tile_lines(tile) as usize;
@@ -682,6 +1232,33 @@ pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f
                     ),
                 ));
             }
+            Ok(BlockParts {
+                scale,
+                table,
+                codes,
+            })
+        }
+    }
+}
+
+/// Decode one block (`bytes` = its payload) into `out`, the tile's values in
+/// row-major order (`tile.rows * tile.cols` entries).
+pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+    let n = (tile.rows * tile.cols) as usize;
+    if out.len() != n {
+        return Err(err(
+            ErrorKind::LengthMismatch,
+            format!("buffer of {} values for a tile of {n}", out.len()),
+        ));
+    }
+    let BlockParts {
+        scale,
+        table,
+        codes,
+    } = block_parts(t, tile, bytes)?;
+    match t.mode {
+        BlockMode::Uniform => unpack_uniform(codes, t.bits, scale, out),
+        BlockMode::Graded => {
             let mut reader = BitReader::new(codes);
             let cols = tile.cols as usize;
             for (idx, v) in out.iter_mut().enumerate() {
@@ -700,6 +1277,55 @@ pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f
         }
     }
     Ok(())
+}
+
+/// Check one block the way [`decode_block`] would decode it (scale, width
+/// table, lengths) and count the values that would decode to a non-finite
+/// f32, without producing the values: the work is bounded by the block's
+/// size, not its tile's (a 5-byte graded block may stand for 65536 zeros).
+/// When `2^(w-1) * |scale|` is finite for the widest line no value can
+/// overflow and no code is read.
+pub fn check_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8]) -> Result<u64> {
+    let BlockParts {
+        scale,
+        table,
+        codes,
+    } = block_parts(t, tile, bytes)?;
+    let widest = match t.mode {
+        BlockMode::Uniform => t.bits,
+        BlockMode::Graded => table.iter().copied().max().unwrap_or(0),
+    };
+    // |code - 2^(w-1)| <= 2^(w-1), and f32 multiplication is monotone.
+    if widest == 0 || ((1u32 << (widest - 1)) as f32 * scale.abs()).is_finite() {
+        return Ok(0);
+    }
+    let value = |code: u32, w: u8| (code as i32 - (1i32 << (w - 1))) as f32 * scale;
+    let mut reader = BitReader::new(codes);
+    let mut bad = 0u64;
+    match (t.mode, t.line_axis) {
+        (BlockMode::Uniform, _) => {
+            for _ in 0..tile.rows * tile.cols {
+                bad += u64::from(!value(reader.read(t.bits), t.bits).is_finite());
+            }
+        }
+        (BlockMode::Graded, Axis::Rows) => {
+            for &w in table.iter().filter(|&&w| w > 0) {
+                for _ in 0..tile.cols {
+                    bad += u64::from(!value(reader.read(w), w).is_finite());
+                }
+            }
+        }
+        (BlockMode::Graded, Axis::Cols) => {
+            // Codes are row-major: each row holds one code per coded column.
+            let coded: Vec<u8> = table.iter().copied().filter(|&w| w > 0).collect();
+            for _ in 0..tile.rows {
+                for &w in &coded {
+                    bad += u64::from(!value(reader.read(w), w).is_finite());
+                }
+            }
+        }
+    }
+    Ok(bad)
 }
 
 fn unpack_uniform(codes: &[u8], bits: u8, scale: f32, out: &mut [f32]) {

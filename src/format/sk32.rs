@@ -10,11 +10,15 @@
 
 use std::io::Write;
 
+use serde::de::{self, MapAccess};
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, mul};
 use crate::format::container::{self, KnotContainer};
-use crate::format::json::{self as j};
+use crate::format::json::{
+    Entries, F64Field, Field, ObjectOf, Parse, Seed, U64Field, required, skip_value,
+};
+use crate::format::{MAX_TENSORS, too_many_tensors};
 use crate::source::SourceFile;
 
 /// One sketch's index entry, validated.
@@ -63,13 +67,104 @@ pub fn sketch_len(d_out: u64, d_in: u64, rank: u64) -> Result<u64> {
     add(add(u, rank, "sketch size")?, v, "sketch size")
 }
 
+/// A sketch entry as written, before validation.
+#[derive(Default)]
+struct RawSketch {
+    d_out: Option<u64>,
+    d_in: Option<u64>,
+    rank: Option<u64>,
+    offset: Option<u64>,
+    length: Option<u64>,
+    u_max: Option<f64>,
+    sigma_max: Option<f64>,
+    v_max: Option<f64>,
+}
+
+struct SketchFields<'a> {
+    p: &'a Parse,
+    ctx: &'a str,
+    raw: RawSketch,
+}
+
+impl<'de> Entries<'de> for SketchFields<'_> {
+    type Value = RawSketch;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let f = Field::new(self.p, self.ctx, &key);
+        let r = &mut self.raw;
+        match key.as_str() {
+            "d_out" => r.d_out = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "d_in" => r.d_in = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "rank" => r.rank = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "offset" => r.offset = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "length" => r.length = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "u_max" => r.u_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
+            "sigma_max" => r.sigma_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
+            "v_max" => r.v_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
+            _ => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<RawSketch, E> {
+        Ok(self.raw)
+    }
+}
+
+/// The `sketches` map: name -> entry, in file order.
+struct SketchMap<'a> {
+    p: &'a Parse,
+    out: Vec<(String, RawSketch)>,
+}
+
+impl<'de> Entries<'de> for SketchMap<'_> {
+    type Value = Vec<(String, RawSketch)>;
+    fn entry<A: MapAccess<'de>>(&mut self, name: String, map: &mut A) -> Result<(), A::Error> {
+        let p = self.p;
+        if self.out.len() as u64 >= MAX_TENSORS {
+            let e = too_many_tensors("\"sketches\"");
+            return Err(p.fail(e.kind(), e.message()));
+        }
+        let ctx = format!("sketch {name:?}");
+        let raw = map
+            .next_value_seed(Seed(ObjectOf {
+                p,
+                ctx: &ctx,
+                state: SketchFields {
+                    p,
+                    ctx: &ctx,
+                    raw: RawSketch::default(),
+                },
+            }))
+            .inspect_err(|_| {
+                p.blame(&name);
+            })?;
+        self.out.push((name, raw));
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(self.out)
+    }
+}
+
+/// A float field that must be finite and representable as f32.
+fn finite_f32(x: Option<f64>, p: &Parse, ctx: &str, key: &str) -> Result<f32> {
+    let x = required(x, p, ctx, key)?;
+    let f = x as f32;
+    if !f.is_finite() {
+        return Err(err(
+            ErrorKind::NonFinite,
+            format!("{ctx}: field \"{key}\" = {x:?} is not a finite f32"),
+        ));
+    }
+    Ok(f)
+}
+
 impl Sk32File {
     /// Index the sketches of a container already identified as SK32.
     pub fn from_container(src: &SourceFile, c: &KnotContainer) -> Result<Sk32File> {
         let path = src.path();
         let at = container::KNOT_PREFIX_LEN;
         let wrap = |e: Error| e.path(path).at(at);
-        if let Some(f) = c.meta.get("format").and_then(Value::as_str)
+        if let Some(f) = &c.meta.format
             && f != "sk32"
         {
             return Err(wrap(err(
@@ -77,25 +172,42 @@ impl Sk32File {
                 format!("meta has a \"sketches\" map but \"format\": {f:?} (want \"sk32\")"),
             )));
         }
-        let topology = c
-            .meta
-            .get("topology")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let map = j::obj_field(&c.meta, "meta_json", "sketches").map_err(wrap)?;
-        let mut sketches = Vec::with_capacity(map.len());
-        for (name, v) in map {
+        let topology = c.meta.topology.clone();
+        let member = c.meta.sketches.as_ref().ok_or_else(|| {
+            wrap(err(
+                ErrorKind::BadJson,
+                "meta_json: missing field \"sketches\"",
+            ))
+        })?;
+        let (json, base) = c.member(member);
+        let p = Parse::default();
+        let entries = p
+            .run(
+                Seed(ObjectOf {
+                    p: &p,
+                    ctx: "meta_json: field \"sketches\"",
+                    state: SketchMap {
+                        p: &p,
+                        out: Vec::new(),
+                    },
+                }),
+                json,
+                base,
+                "meta_json",
+            )
+            .map_err(|e| e.path(path))?;
+        let mut sketches = Vec::with_capacity(entries.len());
+        for (name, r) in entries {
             let ctx = format!("sketch {name:?}");
             let parse = || -> Result<SketchInfo> {
-                let o = j::as_obj(v, &ctx)?;
-                let d_out = j::u64_field(o, &ctx, "d_out")?;
-                let d_in = j::u64_field(o, &ctx, "d_in")?;
-                let rank = j::u64_field(o, &ctx, "rank")?;
-                let offset = j::u64_field(o, &ctx, "offset")?;
-                let length = j::u64_field(o, &ctx, "length")?;
-                let u_max = j::finite_f32_field(o, &ctx, "u_max")?;
-                let sigma_max = j::finite_f32_field(o, &ctx, "sigma_max")?;
-                let v_max = j::finite_f32_field(o, &ctx, "v_max")?;
+                let d_out = required(r.d_out, &p, &ctx, "d_out")?;
+                let d_in = required(r.d_in, &p, &ctx, "d_in")?;
+                let rank = required(r.rank, &p, &ctx, "rank")?;
+                let offset = required(r.offset, &p, &ctx, "offset")?;
+                let length = required(r.length, &p, &ctx, "length")?;
+                let u_max = finite_f32(r.u_max, &p, &ctx, "u_max")?;
+                let sigma_max = finite_f32(r.sigma_max, &p, &ctx, "sigma_max")?;
+                let v_max = finite_f32(r.v_max, &p, &ctx, "v_max")?;
                 if d_out == 0 || d_in == 0 {
                     return Err(err(
                         ErrorKind::BadShape,
@@ -138,7 +250,7 @@ impl Sk32File {
                     length,
                 })
             };
-            sketches.push(parse().map_err(|e| e.tensor(name).path(path).at(at))?);
+            sketches.push(parse().map_err(|e| e.tensor(&name).path(path).at(at))?);
         }
         sketches.sort_by(|a, b| a.offset.cmp(&b.offset).then(a.name.cmp(&b.name)));
         for w in sketches.windows(2) {

@@ -1,5 +1,6 @@
 //! `index.json`: every tensor (names, shape, stored type, source, sizes,
-//! its files), the model metadata (long arrays summarized) and the views.
+//! its files), the model metadata (long arrays and strings summarized as
+//! `rknot inspect --json` does) and the views.
 //!
 //! The document is served in pages, never held whole: its bytes are a head
 //! (everything before the tensor list), one element per tensor, and a tail.
@@ -11,14 +12,8 @@ use serde_json::{Value, json};
 
 use super::namespace::{Namespace, ViewFile, view_metadata};
 use super::views::{ElemFormat, ModelView};
-use crate::backend::{Backend, SourceSummary, TensorTable};
-use crate::error::Result;
-use crate::format::meta::{MetaValue, Metadata};
+use crate::backend::Backend;
 use crate::report;
-
-/// Metadata arrays longer than this are summarized (a tokenizer's vocab
-/// would otherwise make index.json megabytes).
-const INDEX_ARRAY_LIMIT: usize = 1024;
 
 /// Stands in for the tensor list while the rest is rendered.
 const PLACEHOLDER: &str = "\u{1}rknot-tensor-list\u{1}";
@@ -33,72 +28,6 @@ pub(super) struct IndexJson {
     /// the end of the head; `starts[n]` is where the tail begins.
     starts: Vec<u64>,
     formats: Vec<ElemFormat>,
-}
-
-/// The backend as `report::inspect_json` should see it for index.json:
-/// the same tensors and sources, with metadata arrays longer than
-/// INDEX_ARRAY_LIMIT emptied (index.json summarizes them). Converting a
-/// 150k-token vocabulary to JSON only to drop it cost ~50 ms of CPU on
-/// every mount of a 7B model.
-struct Lean<'a> {
-    inner: &'a dyn Backend,
-    summary: SourceSummary,
-    fallback: Option<SourceSummary>,
-}
-
-impl<'a> Lean<'a> {
-    fn new(inner: &'a dyn Backend) -> Self {
-        let lean = |s: &SourceSummary| SourceSummary {
-            format: s.format,
-            version: s.version,
-            path: s.path.clone(),
-            notes: s.notes.clone(),
-            metadata: Metadata {
-                entries: s
-                    .metadata
-                    .entries
-                    .iter()
-                    .map(|(k, v)| {
-                        let v = match v {
-                            MetaValue::Array { elem, values }
-                                if values.len() > INDEX_ARRAY_LIMIT =>
-                            {
-                                MetaValue::Array {
-                                    elem: *elem,
-                                    values: Vec::new(),
-                                }
-                            }
-                            other => other.clone(),
-                        };
-                        (k.clone(), v)
-                    })
-                    .collect(),
-            },
-        };
-        Lean {
-            inner,
-            summary: lean(inner.summary()),
-            fallback: inner.fallback_summary().map(lean),
-        }
-    }
-}
-
-impl Backend for Lean<'_> {
-    fn summary(&self) -> &SourceSummary {
-        &self.summary
-    }
-
-    fn fallback_summary(&self) -> Option<&SourceSummary> {
-        self.fallback.as_ref()
-    }
-
-    fn tensors(&self) -> &TensorTable {
-        self.inner.tensors()
-    }
-
-    fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
-        self.inner.read_f32(index, first_elem, out)
-    }
 }
 
 /// One tensor's entry: what `inspect --json` says, plus its file names in
@@ -174,24 +103,7 @@ fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> V
 impl IndexJson {
     /// Measure the document for `b` as mounted with namespace `ns`.
     pub(super) fn build(b: &dyn Backend, ns: &Namespace) -> IndexJson {
-        let mut v = report::inspect_json_without_tensors(&Lean::new(b));
-        // Lean emptied the long arrays; say what they were.
-        let full = report::effective_metadata(b);
-        if let Some(md) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-            for (k, val) in &full.entries {
-                if let MetaValue::Array { elem, values } = val
-                    && values.len() > INDEX_ARRAY_LIMIT
-                    && let Some(slot) = md.get_mut(k)
-                {
-                    *slot = json!({
-                        "type": "array",
-                        "elem_type": elem.name(),
-                        "len": values.len(),
-                        "omitted": true,
-                    });
-                }
-            }
-        }
+        let mut v = report::inspect_json_without_tensors(b, report::ARRAY_SUMMARY_LIMIT);
         v["tensors"] = json!(PLACEHOLDER);
         if !ns.unserved.is_empty() {
             v["unserved"] = ns

@@ -850,8 +850,8 @@ fn sk32_cases(c: &mut Corpus) {
         "sk32_meta_len_huge.sk32",
         v,
         "TooLarge",
-        "exceeds the 1073741824-byte cap",
-        "meta_len 0xffffffff is above the 1 GiB cap (refused before allocating)",
+        "exceeds the 67108864-byte cap",
+        "meta_len 0xffffffff is above the 64 MiB cap (refused before allocating)",
     );
     // Container fields.
     let mut v = base.clone();
