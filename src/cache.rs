@@ -26,6 +26,25 @@
 //!   a reader gets them: read-ahead evicts only chunks that were read (it
 //!   never throws away another prefetched chunk nobody has read yet: that
 //!   is the thrash of a small cache), readers evict read chunks first.
+//! - A sequential reader does not have a chunk decoded twice when the
+//!   cache holds two chunks or more. Three races did that on a busy
+//!   machine: read-ahead requests left in the queue until the reader had
+//!   passed their chunk (decoded again behind it), read-ahead evicting the
+//!   chunk the reader was in (between two reads nobody holds it, and the
+//!   chunk before it was still held by the previous reply), and, through
+//!   the page cache, the kernel's read-ahead sending two reads at once
+//!   whose three chunks (each 1 MiB read spans two) did not fit, so the
+//!   later read evicted the chunk the earlier one was about to copy. So a
+//!   read-ahead request is noted ([`BlockCache::request_ahead`]) and
+//!   dropped if a reader asks for its chunk first; read-ahead spares the
+//!   chunk its reader is in; and a read registers the chunks it will fetch
+//!   ([`BlockCache::begin_read`]): until it has them, later reads (in the
+//!   order the kernel sent them) do not evict them but wait, and it gets
+//!   budget before them (the earliest read always proceeds: no read waits
+//!   for a later one). What is left: a read that reaches the daemon's
+//!   handler only after the read the kernel sent next was served (its FUSE
+//!   thread delayed in between) was not registered in time, and with two
+//!   chunks it decodes again.
 //! - Errors are handed to every waiter and not cached: the next read tries
 //!   again (a source file that was truncated and then restored recovers).
 //! - Evicted buffers are reused for the next decode: a fresh 1 MiB buffer
@@ -36,7 +55,7 @@
 //!   can get there (the daemon's readers drop each chunk before asking for
 //!   the next), and it must not hang.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -112,6 +131,56 @@ impl Drop for Chunk {
     }
 }
 
+/// A read in progress ([`BlockCache::begin_read`]): its place in line for
+/// budget and the chunks it has still to fetch. Dropping it gives up the
+/// chunks it did not fetch.
+pub struct PendingRead<'a> {
+    cache: &'a BlockCache,
+    /// None when it registered no chunks.
+    ticket: Option<Ticket>,
+    keys: Vec<ChunkKey>,
+    /// How many of `keys` it got: when all, dropping it has nothing to
+    /// give up (and does not take the lock).
+    fetched: std::cell::Cell<usize>,
+}
+
+impl PendingRead<'_> {
+    /// [`BlockCache::get_or_decode`] for this read: `key` is no longer
+    /// needed by it once it has the chunk.
+    pub fn get_or_decode(
+        &self,
+        key: ChunkKey,
+        len: usize,
+        decode: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<Chunk> {
+        let chunk = self.cache.read(key, len, self.ticket, decode)?;
+        if self.keys.contains(&key) {
+            self.fetched.set(self.fetched.get() + 1);
+        }
+        Ok(chunk)
+    }
+}
+
+impl Drop for PendingRead<'_> {
+    fn drop(&mut self) {
+        if self.fetched.get() >= self.keys.len() {
+            return;
+        }
+        let Some(ticket) = self.ticket else { return };
+        let inner = &self.cache.inner;
+        let mut s = lock(&inner.state);
+        let mut gave_up = false;
+        for k in &self.keys {
+            gave_up |= s.consumed(*k, ticket);
+        }
+        // A read that failed or stopped early: chunks later reads waited
+        // for may go now.
+        if gave_up {
+            inner.budget_changed(&mut s);
+        }
+    }
+}
+
 /// Which chunk of which tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ChunkKey {
@@ -175,10 +244,19 @@ struct Slot {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// A reader: gets the chunk, waits for budget.
-    Read,
-    /// Read-ahead: decodes into the cache if there is budget, never waits.
-    Prefetch,
+    /// A reader: gets the chunk, waits for budget. `read` is the ticket of
+    /// its [`PendingRead`], if it registered one.
+    Read { read: Option<Ticket> },
+    /// Read-ahead: decodes into the cache if there is budget, never waits,
+    /// and never evicts `reader_at`, the chunk the reader that asked for
+    /// it is in.
+    Prefetch { reader_at: Option<ChunkKey> },
+}
+
+impl Mode {
+    fn is_read(self) -> bool {
+        matches!(self, Mode::Read { .. })
+    }
 }
 
 /// What [`Inner::fetch`] did.
@@ -191,6 +269,8 @@ enum Fetched {
     Present,
     /// Read-ahead found no budget.
     Refused,
+    /// Read-ahead found that a reader asked for the chunk first.
+    Passed,
 }
 
 /// What a read-ahead request did ([`BlockCache::prefetch`]).
@@ -199,9 +279,13 @@ pub enum Prefetched {
     Decoded,
     /// Cached or being decoded already.
     Present,
-    /// No budget without evicting a chunk that is held or not read yet:
-    /// the reader will decode it.
+    /// No budget without evicting a chunk that is held, not read yet, or
+    /// the one the reader is in: the reader will decode it.
     NoBudget,
+    /// Not requested ([`BlockCache::request_ahead`]), or a reader asked for
+    /// the chunk after the request: the reader decoded it (or waited for
+    /// it), so it is behind the reader now and not decoded again.
+    Passed,
 }
 
 /// A granted decode: its slot, the recycled buffer (if any) and the
@@ -239,10 +323,29 @@ struct State {
     /// Readers waiting on `Inner::budget`.
     budget_waiters: u32,
     /// Tickets of readers waiting for budget, served in order.
-    waiting: BTreeSet<u64>,
+    waiting: BTreeSet<Ticket>,
+    /// The next [`Ticket::id`].
     next_ticket: u64,
     /// Counts budget changes (returns, finished decodes, queue moves).
     changes: u64,
+    /// Chunks requested for read-ahead that no reader has asked for since
+    /// ([`BlockCache::request_ahead`]). A request waits in the prefetch
+    /// queue; if its reader gets there first, decoding the chunk later
+    /// would decode it a second time behind the reader (and evict a chunk
+    /// the reader still needs to make room).
+    ahead: HashSet<ChunkKey>,
+    /// For each chunk that reads in progress will still fetch, their
+    /// tickets ([`PendingRead`]).
+    needed: HashMap<ChunkKey, Vec<Ticket>>,
+}
+
+/// A reader's place in line: by `order`, then `id`. `id` is unique to the
+/// reader; `order` is the FUSE request's unique id for the daemon's reads
+/// ([`BlockCache::begin_read`]), else the same as `id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Ticket {
+    order: u64,
+    id: u64,
 }
 
 fn buf_bytes(v: &Vec<f32>) -> u64 {
@@ -250,6 +353,17 @@ fn buf_bytes(v: &Vec<f32>) -> u64 {
 }
 
 impl State {
+    /// A new reader's ticket, by `order` if given, else after every ticket
+    /// so far without one.
+    fn new_ticket(&mut self, order: Option<u64>) -> Ticket {
+        let id = self.next_ticket;
+        self.next_ticket += 1;
+        Ticket {
+            order: order.unwrap_or(id),
+            id,
+        }
+    }
+
     /// Bytes of every chunk buffer the budget covers.
     fn committed(&self) -> u64 {
         self.bytes_used + self.held_bytes + self.reserved + self.pool_bytes
@@ -282,26 +396,59 @@ impl State {
     }
 
     /// The least recently used chunk that nobody holds and whose eviction
-    /// `mode` allows: read chunks first; readers then take unread
-    /// prefetched ones, read-ahead never does.
+    /// `mode` allows. Chunks that were read and that no read in progress
+    /// will fetch go first. Read-ahead evicts nothing else, and spares
+    /// `reader_at`, the chunk its reader is in: between two reads nobody
+    /// holds it, and when the chunk before it was still held (the previous
+    /// read's reply not yet dropped) it was the least recently used chunk
+    /// left, and the reader decoded it again. A reader may then take an
+    /// unread prefetched chunk or one that it or a later read will fetch,
+    /// never one that an earlier read still has to fetch: with the page
+    /// cache, the kernel's read-ahead sends a sequential reader's reads
+    /// two at a time, and the later one evicted the chunk the earlier one
+    /// was about to copy (each 1 MiB read spans two chunks: two reads need
+    /// three). It waits for that read instead.
     fn victim(&self, mode: Mode) -> Option<ChunkKey> {
-        let mut unread = None;
+        let mut fallback = None;
         for (n, (k, e)) in self.lru.iter().rev().enumerate() {
-            if mode == Mode::Prefetch && n >= PREFETCH_VICTIM_SCAN {
+            if !mode.is_read() && n >= PREFETCH_VICTIM_SCAN {
                 break;
             }
             if e.leases > 0 {
                 continue;
             }
-            if !e.unread_prefetch {
+            let needed = self.needed.get(k);
+            let spare = match mode {
+                Mode::Read { read: Some(t) } => needed.is_some_and(|v| v.iter().any(|r| *r < t)),
+                Mode::Read { read: None } => false,
+                Mode::Prefetch { reader_at } => {
+                    reader_at == Some(*k) || needed.is_some() || e.unread_prefetch
+                }
+            };
+            if spare {
+                continue;
+            }
+            if !e.unread_prefetch && needed.is_none() {
                 return Some(*k);
             }
-            unread.get_or_insert(*k);
+            fallback.get_or_insert(*k);
         }
-        match mode {
-            Mode::Read => unread,
-            Mode::Prefetch => None,
+        fallback
+    }
+
+    /// The read with ticket `ticket` got chunk `key` (or gave up on it):
+    /// it no longer needs it. Whether it did.
+    fn consumed(&mut self, key: ChunkKey, ticket: Ticket) -> bool {
+        let Some(v) = self.needed.get_mut(&key) else {
+            return false;
+        };
+        let before = v.len();
+        v.retain(|t| *t != ticket);
+        let removed = v.len() < before;
+        if v.is_empty() {
+            self.needed.remove(&key);
         }
+        removed
     }
 
     /// Evict `key` (held by nobody): its buffer goes to the pool.
@@ -324,7 +471,7 @@ impl State {
                 freed.push(b);
                 continue;
             }
-            let Some(k) = self.victim(Mode::Read) else {
+            let Some(k) = self.victim(Mode::Read { read: None }) else {
                 return;
             };
             self.evict(k);
@@ -372,7 +519,7 @@ impl State {
                 continue;
             }
             // A chunk larger than the whole budget: alone, or not at all.
-            if mode == Mode::Read && self.committed() == 0 {
+            if mode.is_read() && self.committed() == 0 {
                 self.reserved += need;
                 return Reservation::Granted {
                     buf: None,
@@ -380,8 +527,8 @@ impl State {
                 };
             }
             return match mode {
-                Mode::Read => Reservation::Wait,
-                Mode::Prefetch => Reservation::Refused,
+                Mode::Read { .. } => Reservation::Wait,
+                Mode::Prefetch { .. } => Reservation::Refused,
             };
         }
     }
@@ -481,9 +628,13 @@ impl Inner {
 
     /// Find, wait for, or decode the chunk `key` (`len` values).
     ///
-    /// When the budget is short, readers are served in arrival order (a
-    /// ticket each; only the first may take budget) so none starves behind
-    /// later arrivals, and read-ahead is refused while any reader waits.
+    /// When the budget is short, readers are served in ticket order (only
+    /// the first may take budget) so none starves behind later arrivals,
+    /// and read-ahead is refused while any reader waits. A registered read
+    /// ([`PendingRead`]) has its ticket from when it registered (by its
+    /// order), so it goes before every later read, also one that waited
+    /// first: those may be waiting for it to fetch its chunks (see
+    /// `State::victim`). Others take a ticket when they start to wait.
     fn fetch(
         self: &Arc<Self>,
         key: ChunkKey,
@@ -492,7 +643,13 @@ impl Inner {
         decode: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<Fetched> {
         let mut counted = false;
-        let mut ticket: Option<u64> = None;
+        let registered = match mode {
+            Mode::Read { read } => read,
+            Mode::Prefetch { .. } => None,
+        };
+        let mut ticket = registered;
+        // Whether `ticket` is in the queue for budget.
+        let mut queued = false;
         // When this reader last saw the budget change, and its change count
         // then: the over-budget escape needs BUDGET_WAIT without any change.
         let mut stalled: Option<(Instant, u64)> = None;
@@ -501,50 +658,73 @@ impl Inner {
         let granted = loop {
             drop(std::mem::take(&mut freed));
             let mut s = lock(&self.state);
-            if mode == Mode::Prefetch {
+            if !mode.is_read() {
+                // Checked under the same lock as the decode starts: a
+                // reader that comes later finds it in flight and waits.
+                if !s.ahead.remove(&key) {
+                    return Ok(Fetched::Passed);
+                }
                 if s.lru.contains(&key) || s.in_flight.contains_key(&key) {
                     return Ok(Fetched::Present);
                 }
-            } else if let Some(id) = s.lru.get(&key).map(|e| e.id) {
-                if !counted {
-                    self.hits.fetch_add(1, Ordering::Relaxed);
-                }
-                if let Some(d) = s.lease(key, id) {
-                    self.leave_queue(&mut s, &mut ticket);
-                    drop(s);
-                    return Ok(Fetched::Chunk(self.chunk(d, key, id)));
+            } else {
+                // This reader got here first: a read-ahead request for the
+                // chunk still queued is late now.
+                s.ahead.remove(&key);
+                if let Some(id) = s.lru.get(&key).map(|e| e.id) {
+                    if !counted {
+                        self.hits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(d) = s.lease(key, id) {
+                        self.leave_queue(&mut s, &mut queued, ticket);
+                        if let Some(t) = registered {
+                            s.consumed(key, t);
+                        }
+                        drop(s);
+                        return Ok(Fetched::Chunk(self.chunk(d, key, id)));
+                    }
                 }
             }
             // A read-ahead request counts as a miss only if it decodes.
-            if !counted && mode == Mode::Read {
+            if !counted && mode.is_read() {
                 self.misses.fetch_add(1, Ordering::Relaxed);
                 counted = true;
             }
             if let Some(slot) = s.in_flight.get(&key) {
                 let slot = slot.clone();
-                self.leave_queue(&mut s, &mut ticket);
+                self.leave_queue(&mut s, &mut queued, ticket);
                 drop(s);
                 self.waits.fetch_add(1, Ordering::Relaxed);
                 let id = Self::wait(&slot)?;
                 drop(slot);
-                if let Some(d) = lock(&self.state).lease(key, id) {
+                let mut s = lock(&self.state);
+                if let Some(d) = s.lease(key, id) {
+                    if let Some(t) = registered {
+                        s.consumed(key, t);
+                    }
+                    drop(s);
                     return Ok(Fetched::Chunk(self.chunk(d, key, id)));
                 }
                 // Evicted before we got to it (a tiny cache): again.
                 continue;
             }
-            let my_turn = s.waiting.first().is_none_or(|f| ticket == Some(*f));
+            // The first in the queue, or before it (a registered read that
+            // started before the first one in the queue).
+            let my_turn = s
+                .waiting
+                .first()
+                .is_none_or(|f| ticket.is_some_and(|t| t <= *f));
             let reservation = match (my_turn, mode) {
                 (true, _) => s.reserve(len, mode, self.capacity, &self.evictions, &mut freed),
-                (false, Mode::Read) => Reservation::Wait,
-                (false, Mode::Prefetch) => Reservation::Refused,
+                (false, Mode::Read { .. }) => Reservation::Wait,
+                (false, Mode::Prefetch { .. }) => Reservation::Refused,
             };
             match reservation {
                 Reservation::Granted { buf, bytes } => {
-                    if mode == Mode::Prefetch {
+                    if !mode.is_read() {
                         self.misses.fetch_add(1, Ordering::Relaxed);
                     }
-                    self.leave_queue(&mut s, &mut ticket);
+                    self.leave_queue(&mut s, &mut queued, ticket);
                     break Granted {
                         slot: s.start(key),
                         buf,
@@ -562,11 +742,10 @@ impl Inner {
                     continue;
                 }
                 Reservation::Wait => {
-                    if ticket.is_none() {
-                        let t = s.next_ticket;
-                        s.next_ticket += 1;
+                    if !queued {
+                        let t = *ticket.get_or_insert_with(|| s.new_ticket(None));
                         s.waiting.insert(t);
-                        ticket = Some(t);
+                        queued = true;
                         self.budget_waits.fetch_add(1, Ordering::Relaxed);
                     }
                     let (since, seen) = match stalled {
@@ -582,7 +761,7 @@ impl Inner {
                         // below, outside the lock.
                         self.over_budget.fetch_add(1, Ordering::Relaxed);
                         over_budget = true;
-                        self.leave_queue(&mut s, &mut ticket);
+                        self.leave_queue(&mut s, &mut queued, ticket);
                         let need = len as u64 * 4;
                         s.reserved += need;
                         break Granted {
@@ -617,8 +796,10 @@ impl Inner {
 
     /// Give up this reader's place in the queue for budget (it got budget,
     /// a hit, or joined a decode in flight); the next one may go.
-    fn leave_queue(&self, s: &mut State, ticket: &mut Option<u64>) {
-        if let Some(t) = ticket.take() {
+    fn leave_queue(&self, s: &mut State, queued: &mut bool, ticket: Option<Ticket>) {
+        if std::mem::take(queued)
+            && let Some(t) = ticket
+        {
             s.waiting.remove(&t);
             self.budget_changed(s);
         }
@@ -665,7 +846,10 @@ impl Inner {
                     s.next_id += 1;
                     let bytes = buf_bytes(&buf);
                     let data = Arc::new(buf);
-                    let read = mode == Mode::Read;
+                    let read = mode.is_read();
+                    if let Mode::Read { read: Some(t) } = mode {
+                        s.consumed(key, t);
+                    }
                     // Read-ahead keeps no reference: an entry nobody
                     // holds must be the only owner of its buffer.
                     let handout = read.then(|| data.clone());
@@ -759,6 +943,8 @@ impl BlockCache {
                     waiting: BTreeSet::new(),
                     next_ticket: 0,
                     changes: 0,
+                    ahead: HashSet::new(),
+                    needed: HashMap::new(),
                 }),
                 budget: Condvar::new(),
                 hits: AtomicU64::new(0),
@@ -789,7 +975,18 @@ impl BlockCache {
         len: usize,
         decode: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<Chunk> {
-        match self.inner.fetch(key, len, Mode::Read, decode)? {
+        self.read(key, len, None, decode)
+    }
+
+    /// A reader's fetch; `read` is its [`PendingRead`]'s ticket.
+    fn read(
+        &self,
+        key: ChunkKey,
+        len: usize,
+        read: Option<Ticket>,
+        decode: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<Chunk> {
+        match self.inner.fetch(key, len, Mode::Read { read }, decode)? {
             Fetched::Chunk(c) => Ok(c),
             // Read mode always ends with a chunk or an error.
             _ => Err(Error::new(
@@ -799,18 +996,88 @@ impl BlockCache {
         }
     }
 
-    /// Read-ahead: decode `key` into the cache unless it is there or in
-    /// flight, or the budget has no room without evicting a chunk that
-    /// is held or not read yet. Never waits for budget.
+    /// Register a read that will fetch the chunks `keys` (in any order)
+    /// through [`PendingRead::get_or_decode`]: until it has fetched one, a
+    /// later read does not evict it (it waits for budget instead), and
+    /// read-ahead does not either; and it gets budget before later reads.
+    /// The daemon registers every cached read, so that the two reads the
+    /// kernel's read-ahead sends at once do not evict each other's chunks
+    /// (`State::victim`).
+    ///
+    /// Later means a larger `order`: the daemon passes the FUSE request's
+    /// unique id, which the kernel gives its requests in the order it
+    /// sends them. Two FUSE threads can start the kernel's reads in the
+    /// other order, and in the order they registered the later read went
+    /// first and evicted the earlier one's chunks. Without an order
+    /// (`None`), reads go in the order they register.
+    pub fn begin_read(
+        &self,
+        order: Option<u64>,
+        keys: impl IntoIterator<Item = ChunkKey>,
+    ) -> PendingRead<'_> {
+        let mut keys = keys.into_iter().peekable();
+        if keys.peek().is_none() {
+            // Nothing to register (a small read decodes uncached): no lock.
+            // Fetching through it is an unregistered read.
+            return PendingRead {
+                cache: self,
+                ticket: None,
+                keys: Vec::new(),
+                fetched: std::cell::Cell::new(0),
+            };
+        }
+        let mut s = lock(&self.inner.state);
+        let ticket = s.new_ticket(order);
+        let mut registered = Vec::new();
+        for k in keys {
+            let v = s.needed.entry(k).or_default();
+            if !v.contains(&ticket) {
+                v.push(ticket);
+                registered.push(k);
+            }
+        }
+        PendingRead {
+            cache: self,
+            ticket: Some(ticket),
+            keys: registered,
+            fetched: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Note a read-ahead request for `key`: true if it should be queued
+    /// (the chunk is not cached, in flight or requested already). Every
+    /// request noted here ends in [`BlockCache::prefetch`] or
+    /// [`BlockCache::cancel_ahead`].
+    pub fn request_ahead(&self, key: ChunkKey) -> bool {
+        let mut s = lock(&self.inner.state);
+        if s.lru.contains(&key) || s.in_flight.contains_key(&key) {
+            return false;
+        }
+        s.ahead.insert(key)
+    }
+
+    /// Forget a read-ahead request that was not queued.
+    pub fn cancel_ahead(&self, key: ChunkKey) {
+        lock(&self.inner.state).ahead.remove(&key);
+    }
+
+    /// Read-ahead of a chunk noted by [`BlockCache::request_ahead`]: decode
+    /// `key` into the cache unless a reader asked for it since, it is there
+    /// or in flight, or the budget has no room without evicting a chunk
+    /// that is held, not read yet, or `reader_at` (the chunk the requesting
+    /// reader is in). Never waits for budget.
     pub fn prefetch(
         &self,
         key: ChunkKey,
         len: usize,
+        reader_at: Option<ChunkKey>,
         decode: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<Prefetched> {
-        Ok(match self.inner.fetch(key, len, Mode::Prefetch, decode)? {
+        let mode = Mode::Prefetch { reader_at };
+        Ok(match self.inner.fetch(key, len, mode, decode)? {
             Fetched::Decoded => Prefetched::Decoded,
             Fetched::Refused => Prefetched::NoBudget,
+            Fetched::Passed => Prefetched::Passed,
             Fetched::Present | Fetched::Chunk(_) => Prefetched::Present,
         })
     }
@@ -1047,7 +1314,11 @@ mod tests {
                     for _ in 0..300 {
                         let c = next(&mut x) % 8;
                         if t < 8 {
-                            cache.prefetch(key(8, c), LEN, fill(c as f32)).unwrap();
+                            if cache.request_ahead(key(8, c)) {
+                                cache
+                                    .prefetch(key(8, c), LEN, None, fill(c as f32))
+                                    .unwrap();
+                            }
                             continue;
                         }
                         let v = cache.get_or_decode(key(8, c), LEN, fill(c as f32)).unwrap();
@@ -1066,7 +1337,14 @@ mod tests {
     #[test]
     fn read_ahead_never_evicts_a_chunk_nobody_has_read() {
         let cache = BlockCache::new(2 * 400);
-        let p = |c| cache.prefetch(key(7, c), 100, fill(c as f32)).unwrap();
+        // As the prefetcher does: a chunk cached or in flight is not
+        // requested.
+        let p = |c| match cache.request_ahead(key(7, c)) {
+            true => cache
+                .prefetch(key(7, c), 100, None, fill(c as f32))
+                .unwrap(),
+            false => Prefetched::Present,
+        };
         assert_eq!(p(0), Prefetched::Decoded);
         assert_eq!(p(1), Prefetched::Decoded);
         assert_eq!(p(0), Prefetched::Present);
@@ -1160,5 +1438,192 @@ mod tests {
             (0, 3, 0)
         );
         assert!(committed(&st) <= st.capacity);
+    }
+
+    /// A decoder that counts its calls.
+    fn counting(calls: &AtomicUsize, v: f32) -> impl FnOnce(&mut [f32]) -> Result<()> + '_ {
+        move |b| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            b.fill(v);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_read_ahead_request_its_reader_got_to_first_is_dropped() {
+        // On a busy machine the read-ahead thread took requests off the
+        // queue after the reader had decoded the chunk itself and moved
+        // on: it decoded the chunk again, behind the reader, evicting the
+        // one the reader was in.
+        let cache = BlockCache::new(2 * 400);
+        assert!(cache.request_ahead(key(7, 1)));
+        // Requested already: not queued twice.
+        assert!(!cache.request_ahead(key(7, 1)));
+        for c in 0..4 {
+            drop(cache.get_or_decode(key(7, c), 100, fill(c as f32)).unwrap());
+        }
+        assert!(!cache.is_present(key(7, 1)));
+        let calls = AtomicUsize::new(0);
+        let p = cache.prefetch(key(7, 1), 100, None, counting(&calls, 1.0));
+        assert_eq!(p.unwrap(), Prefetched::Passed);
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // A request that was not queued is forgotten.
+        assert!(cache.request_ahead(key(7, 9)));
+        cache.cancel_ahead(key(7, 9));
+        let p = cache.prefetch(key(7, 9), 100, None, counting(&calls, 9.0));
+        assert_eq!(p.unwrap(), Prefetched::Passed);
+        assert_eq!(cache.stats().bytes_decoded, 4 * 400);
+    }
+
+    #[test]
+    fn read_ahead_spares_the_chunk_its_reader_is_in() {
+        // Two chunks of budget. The reader's previous reply still holds
+        // chunk 0 when it reads chunk 1 and asks for chunk 2 ahead: the
+        // only chunk nobody holds is 1, the one the reader is in.
+        let cache = BlockCache::new(2 * 400);
+        let reply = cache.get_or_decode(key(7, 0), 100, fill(0.0)).unwrap();
+        drop(cache.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap());
+        assert!(cache.request_ahead(key(7, 2)));
+        let p = cache.prefetch(key(7, 2), 100, Some(key(7, 1)), fill(2.0));
+        assert_eq!(p.unwrap(), Prefetched::NoBudget);
+        drop(reply);
+        let calls = AtomicUsize::new(0);
+        cache
+            .get_or_decode(key(7, 1), 100, counting(&calls, 1.0))
+            .unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "chunk 1 was evicted");
+        // Chunk 0 is done with: read-ahead may take its place.
+        assert!(cache.request_ahead(key(7, 2)));
+        let p = cache.prefetch(key(7, 2), 100, Some(key(7, 1)), fill(2.0));
+        assert_eq!(p.unwrap(), Prefetched::Decoded);
+        assert!(!cache.is_present(key(7, 0)));
+    }
+
+    #[test]
+    fn a_later_read_waits_for_the_chunks_an_earlier_read_still_needs() {
+        // Two chunks of budget holding chunks 0 and 1. Read A needs chunks
+        // 0 and 1, read B (sent after it) chunks 1 and 2, as the kernel's
+        // read-ahead sends two 1 MiB reads at once. B gets chunk 1 first
+        // and needs room for chunk 2: evicting chunk 0 made A decode it
+        // again; B must wait until A has its chunks.
+        let cache = BlockCache::new(2 * 400);
+        for c in 0..2 {
+            drop(cache.get_or_decode(key(7, c), 100, fill(c as f32)).unwrap());
+        }
+        let a = cache.begin_read(None, [key(7, 0), key(7, 1)]);
+        let b = cache.begin_read(None, [key(7, 1), key(7, 2)]);
+        let calls = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let later = s.spawn(move || {
+                assert_eq!(b.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap()[0], 1.0);
+                assert_eq!(b.get_or_decode(key(7, 2), 100, fill(2.0)).unwrap()[0], 2.0);
+            });
+            // Until B waits for budget (or, before the fix, is done).
+            while !later.is_finished() && cache.stats().budget_waits == 0 {
+                std::thread::yield_now();
+            }
+            for c in 0..2 {
+                let v = a.get_or_decode(key(7, c), 100, counting(&calls, c as f32));
+                assert_eq!(v.unwrap()[0], c as f32);
+            }
+            later.join().unwrap();
+        });
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "read A decoded again");
+        drop(a);
+        let st = cache.stats();
+        assert_eq!((st.bytes_decoded, st.over_budget), (3 * 400, 0), "{st:?}");
+        assert!(lock(&cache.inner.state).needed.is_empty());
+    }
+
+    #[test]
+    fn reads_go_in_the_order_given_not_the_order_they_registered() {
+        // The same two reads, but B (the kernel's later request: a larger
+        // unique id) registers first, as when the FUSE thread given A was
+        // slower to start it. B must still wait for A's chunks.
+        let cache = BlockCache::new(2 * 400);
+        for c in 0..2 {
+            drop(cache.get_or_decode(key(7, c), 100, fill(c as f32)).unwrap());
+        }
+        let b = cache.begin_read(Some(20), [key(7, 1), key(7, 2)]);
+        let a = cache.begin_read(Some(10), [key(7, 0), key(7, 1)]);
+        let calls = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let later = s.spawn(move || {
+                assert_eq!(b.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap()[0], 1.0);
+                assert_eq!(b.get_or_decode(key(7, 2), 100, fill(2.0)).unwrap()[0], 2.0);
+            });
+            while !later.is_finished() && cache.stats().budget_waits == 0 {
+                std::thread::yield_now();
+            }
+            for c in 0..2 {
+                let v = a.get_or_decode(key(7, c), 100, counting(&calls, c as f32));
+                assert_eq!(v.unwrap()[0], c as f32);
+            }
+            later.join().unwrap();
+        });
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "read A decoded again");
+    }
+
+    #[test]
+    fn a_read_that_stops_early_lets_later_reads_go() {
+        // Read A registered chunk 0 and failed before fetching it: read B,
+        // waiting for that chunk to be fetched, goes on when A is dropped.
+        let cache = BlockCache::new(400);
+        drop(cache.get_or_decode(key(7, 0), 100, fill(0.0)).unwrap());
+        let a = cache.begin_read(None, [key(7, 0)]);
+        let b = cache.begin_read(None, [key(7, 1)]);
+        std::thread::scope(|s| {
+            let later = s.spawn(move || b.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap()[0]);
+            while !later.is_finished() && cache.stats().budget_waits == 0 {
+                std::thread::yield_now();
+            }
+            drop(a);
+            assert_eq!(later.join().unwrap(), 1.0);
+        });
+        let st = cache.stats();
+        assert_eq!((st.budget_waits, st.over_budget), (1, 0), "{st:?}");
+    }
+
+    #[test]
+    fn registered_reads_and_read_ahead_never_deadlock() {
+        // Two chunks of budget; 16 readers, each registering 1 to 3
+        // consecutive chunks and fetching them in order while holding each
+        // across a yield (like a reply), and 4 read-ahead threads. Every
+        // read finishes with the right values, nobody needed the
+        // over-budget escape, and nothing stays registered.
+        const LEN: usize = 300;
+        let cache = BlockCache::new(2 * LEN as u64 * 4);
+        std::thread::scope(|s| {
+            for t in 0..20u64 {
+                let cache = &cache;
+                s.spawn(move || {
+                    let mut x = 0x853c_49e6_748f_ea9b ^ (t + 1);
+                    for _ in 0..200 {
+                        let first = next(&mut x) % 12;
+                        if t < 4 {
+                            let k = key(6, first);
+                            if cache.request_ahead(k) {
+                                let at = Some(key(6, first.saturating_sub(1)));
+                                cache.prefetch(k, LEN, at, fill(first as f32)).unwrap();
+                            }
+                            continue;
+                        }
+                        let n = 1 + next(&mut x) % 3;
+                        let read = cache.begin_read(None, (first..first + n).map(|c| key(6, c)));
+                        for c in first..first + n {
+                            let v = read.get_or_decode(key(6, c), LEN, fill(c as f32)).unwrap();
+                            std::thread::yield_now();
+                            assert_eq!((v[0], v[LEN - 1]), (c as f32, c as f32));
+                        }
+                    }
+                });
+            }
+        });
+        let st = cache.stats();
+        assert_eq!(st.over_budget, 0, "{st:?}");
+        assert!(committed(&st) <= st.capacity, "{st:?}");
+        assert_eq!((st.bytes_in_flight, st.bytes_held, st.in_flight), (0, 0, 0));
+        let s = lock(&cache.inner.state);
+        assert!(s.needed.is_empty() && s.ahead.is_empty() && s.waiting.is_empty());
     }
 }

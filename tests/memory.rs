@@ -95,11 +95,61 @@ fn read_all(p: &Path, bs: usize) -> u64 {
     }
 }
 
+/// Threads that keep every CPU busy until dropped: the races between the
+/// daemon's FUSE and read-ahead threads that decoded chunks twice showed on
+/// a busy machine (a thread preempted at the wrong moment), rarely on an
+/// idle one.
+struct BusyCpus {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyCpus {
+    fn new() -> BusyCpus {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyCpus { stop, threads }
+    }
+}
+
+impl Drop for BusyCpus {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A cold sequential read of one tensor decodes each chunk about once at
-/// any cache size: the read-ahead window never holds more chunks than the
-/// cache keeps beside the one being read, and read-ahead never evicts a
-/// chunk nobody has read. Before, the window grew to 32 chunks whatever the
-/// cache: 2.0-2.7x the bytes served were decoded at 1, 2, 3 and 8 MiB.
+/// any cache size (issue 9, item 18: decoded/served <= 1.2 at any cache of
+/// 2 chunks or more): the read-ahead window never holds more chunks than
+/// the cache keeps beside the one being read, and read-ahead never evicts
+/// a chunk nobody has read. Before, the window grew to 32 chunks whatever
+/// the cache: 2.0-2.7x the bytes served were decoded at 1, 2, 3 and 8 MiB.
+///
+/// At 2 chunks on a busy machine some chunks were still decoded twice
+/// (1.02-1.23, so the 1.2 target failed now and then): read-ahead requests
+/// served after the reader had passed their chunk, read-ahead evicting the
+/// chunk the reader was in, and (page cache) the later of the kernel's two
+/// concurrent reads evicting the chunk the earlier one needed. With direct
+/// I/O the daemon sees one read at a time, and with 2 chunks or more it now
+/// decodes each chunk exactly once. Through the page cache a read the
+/// kernel sent first can still reach the daemon's handler after the next
+/// one was served (its FUSE thread delayed in between; seen in 2 of 30
+/// runs with the CPUs busy, re-decoding two chunks), so those cases are
+/// held to the issue's 1.2. The 2-chunk cases run three times each with every CPU kept
+/// busy ([`BusyCpus`]): before the fix they failed 5 runs out of 5.
 #[test]
 fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
     if !fuse_available() {
@@ -108,55 +158,67 @@ fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
     let dir = model_dir();
     // One 64 MiB tensor (decoded): 64 chunks of 1 MiB.
     let model = synthetic_gguf(dir.path(), 1, 16 << 20, &[GgmlType::Q8_0]);
-    let cases: &[(Option<u64>, &[&str])] = &[
-        (Some(1), &[]),
-        (Some(2), &[]),
-        (Some(3), &[]),
-        (Some(8), &[]),
-        (None, &[]),
-        (Some(2), &["-o", "direct_io"]),
-        (Some(8), &["-o", "direct_io"]),
-        (Some(8), &["-o", "prefetch_threads=4"]),
+    // (cache MiB, mount arguments, runs)
+    let cases: &[(Option<u64>, &[&str], u32)] = &[
+        (Some(1), &[], 1),
+        (Some(2), &[], 3),
+        (Some(3), &[], 1),
+        (Some(8), &[], 1),
+        (None, &[], 1),
+        (Some(2), &["-o", "direct_io"], 3),
+        (Some(3), &["-o", "direct_io"], 1),
+        (Some(8), &["-o", "direct_io"], 1),
+        (Some(8), &["-o", "prefetch_threads=4"], 1),
     ];
     let mut failures = Vec::new();
-    for (cache_mb, extra) in cases {
+    for &(cache_mb, extra, runs) in cases {
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         if let Some(mb) = cache_mb {
             args.extend(["--cache-mb".to_string(), mb.to_string()]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let m = Mounted::new(&model, &args);
-        drop_cache(&m);
-        let before = ctl_json(&m);
-        let read = read_all(&m.path("t0.weight.f32"), 128 << 10);
-        assert_eq!(read, 64 * MIB);
-        let after = ctl_json(&m);
-        let delta = |section: &str, key: &str| {
-            after[section][key].as_u64().unwrap() - before[section][key].as_u64().unwrap()
-        };
-        let (decoded, served) = (
-            delta("cache", "bytes_decoded"),
-            delta("reads", "bytes_served"),
-        );
-        let ratio = decoded as f64 / served as f64;
-        let capacity_chunks = after["cache"]["capacity"].as_u64().unwrap()
-            / after["cache"]["chunk_bytes"].as_u64().unwrap();
-        let window = after["prefetch"]["max_window_chunks"].as_u64().unwrap();
-        eprintln!(
-            "cache {cache_mb:?} MiB {extra:?}: decoded {decoded} served {served} ratio {ratio:.2}; \
-             window {window} of {capacity_chunks} chunks"
-        );
-        // ctl.json reports the window actually used: at most half the cache.
-        if window > capacity_chunks / 2 {
-            failures.push(format!(
-                "cache {cache_mb:?} {extra:?}: window {window} > half of {capacity_chunks} chunks"
-            ));
+        let direct_io = extra.contains(&"direct_io");
+        let busy = (runs > 1).then(BusyCpus::new);
+        for run in 1..=runs {
+            // A new mount each run: the page cache must not serve the file.
+            let m = Mounted::new(&model, &args);
+            drop_cache(&m);
+            let before = ctl_json(&m);
+            let read = read_all(&m.path("t0.weight.f32"), 128 << 10);
+            assert_eq!(read, 64 * MIB);
+            let after = ctl_json(&m);
+            let delta = |section: &str, key: &str| {
+                after[section][key].as_u64().unwrap() - before[section][key].as_u64().unwrap()
+            };
+            let (decoded, served) = (
+                delta("cache", "bytes_decoded"),
+                delta("reads", "bytes_served"),
+            );
+            let ratio = decoded as f64 / served as f64;
+            let capacity_chunks = after["cache"]["capacity"].as_u64().unwrap()
+                / after["cache"]["chunk_bytes"].as_u64().unwrap();
+            let window = after["prefetch"]["max_window_chunks"].as_u64().unwrap();
+            let case = format!("cache {cache_mb:?} MiB {extra:?} run {run}");
+            eprintln!(
+                "{case}: decoded {decoded} served {served} ratio {ratio:.3}; \
+                 window {window} of {capacity_chunks} chunks"
+            );
+            // ctl.json reports the window actually used: at most half the cache.
+            if window > capacity_chunks / 2 {
+                failures.push(format!(
+                    "{case}: window {window} > half of {capacity_chunks} chunks"
+                ));
+            }
+            if ratio > 1.2 {
+                failures.push(format!("{case}: decoded/served {ratio:.3} > 1.2"));
+            }
+            if direct_io && capacity_chunks >= 2 && decoded != served {
+                failures.push(format!(
+                    "{case}: decoded {decoded} != served {served}: a chunk was decoded twice"
+                ));
+            }
         }
-        if ratio > 1.2 {
-            failures.push(format!(
-                "cache {cache_mb:?} {extra:?}: decoded/served {ratio:.2} > 1.2"
-            ));
-        }
+        drop(busy);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

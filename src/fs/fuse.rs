@@ -180,7 +180,7 @@ impl Filesystem for FuseAdapter {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -189,7 +189,10 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, fh.0, offset, size) {
+        match self
+            .fs
+            .read_request(req.unique().0, ino.0, fh.0, offset, size)
+        {
             Ok(d) => reply.data(d.bytes()),
             Err(e) => reply.error(errno(e)),
         }

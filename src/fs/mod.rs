@@ -418,6 +418,33 @@ impl TensorFs {
         offset: u64,
         size: u32,
     ) -> std::result::Result<ReadData, i32> {
+        self.read_in_order(ino, fh, offset, size, None)
+    }
+
+    /// [`TensorFs::read`] for the FUSE request with unique id `unique`:
+    /// the kernel numbers its requests in the order it sends them, and
+    /// concurrent reads get the decoded-chunk cache in that order, not in
+    /// the order the FUSE threads happen to start them (see
+    /// `BlockCache::begin_read`).
+    pub fn read_request(
+        &self,
+        unique: u64,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> std::result::Result<ReadData, i32> {
+        self.read_in_order(ino, fh, offset, size, Some(unique))
+    }
+
+    fn read_in_order(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        order: Option<u64>,
+    ) -> std::result::Result<ReadData, i32> {
         match ino {
             INDEX_INO => Ok(ReadData::Owned(self.index.read(
                 self.shared.backend.as_ref(),
@@ -430,7 +457,7 @@ impl TensorFs {
             _ if self.is_live(ino) => Err(libc::EBADF),
             _ => {
                 let node = self.node(ino).ok_or(libc::ENOENT)?;
-                self.read_node(&node, fh, offset, size)
+                self.read_node(&node, fh, offset, size, order)
             }
         }
     }

@@ -3,9 +3,16 @@
 //! bound by one thread's decode speed.
 //!
 //! Requests go through a bounded queue; when it is full a request is
-//! dropped (the reader will decode that chunk itself). Chunks already cached
-//! or being decoded are skipped, and the cache's single-flight makes a
-//! reader that arrives first wait for the prefetch rather than decode twice.
+//! dropped (the reader will decode that chunk itself). Chunks already cached,
+//! being decoded or requested are skipped, and the cache's single-flight
+//! makes a reader that arrives during the prefetch wait for it rather than
+//! decode twice. A request whose chunk a reader asked for while it waited
+//! in the queue is dropped ([`BlockCache::request_ahead`]): on a busy
+//! machine the read-ahead threads can fall behind the reader, and decoding
+//! the chunks it has passed decoded them twice and evicted the one it was
+//! in. Read-ahead never evicts the chunk its reader is in.
+//!
+//! [`BlockCache::request_ahead`]: crate::cache::BlockCache::request_ahead
 //!
 //! How far ahead: never more chunks than half the cache holds
 //! ([`max_window_chunks`]), for one stream's window and for the queue of
@@ -38,9 +45,17 @@ pub(crate) fn max_window_chunks(cache_bytes: u64, chunk_bytes: u64, configured: 
 }
 
 pub(crate) struct Prefetcher {
-    tx: Option<SyncSender<(usize, u64)>>,
+    tx: Option<SyncSender<Request>>,
     counters: Arc<Counters>,
     shared: Arc<Shared>,
+}
+
+/// Decode chunk `chunk` of tensor file `file` for a reader now in chunk
+/// `reader_at` (which the decode must not evict).
+struct Request {
+    file: usize,
+    chunk: u64,
+    reader_at: Option<ChunkKey>,
 }
 
 #[derive(Default)]
@@ -59,7 +74,7 @@ impl Prefetcher {
             None
         } else {
             let depth = max_window.min(MAX_QUEUE_DEPTH) as usize;
-            let (tx, rx) = sync_channel::<(usize, u64)>(depth);
+            let (tx, rx) = sync_channel::<Request>(depth);
             let rx = Arc::new(Mutex::new(rx));
             for i in 0..threads {
                 let (rx, shared, counters) = (rx.clone(), shared.clone(), counters.clone());
@@ -79,20 +94,27 @@ impl Prefetcher {
         }
     }
 
-    /// Ask for chunk `chunk` of file `f` to be decoded soon.
-    pub(crate) fn request(&self, f: usize, chunk: u64) {
+    /// Ask for chunk `chunk` of file `f` to be decoded soon, for a reader
+    /// now in chunk `reader_at`.
+    pub(crate) fn request(&self, f: usize, chunk: u64, reader_at: Option<ChunkKey>) {
         let Some(tx) = &self.tx else { return };
         let key = ChunkKey {
             tensor: f as u32,
             chunk,
         };
-        if self.shared.cache.is_present(key) {
+        if !self.shared.cache.request_ahead(key) {
             return;
         }
         self.counters.requested.fetch_add(1, Ordering::Relaxed);
-        match tx.try_send((f, chunk)) {
+        let request = Request {
+            file: f,
+            chunk,
+            reader_at,
+        };
+        match tx.try_send(request) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.shared.cache.cancel_ahead(key);
                 self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -107,22 +129,21 @@ impl Prefetcher {
     }
 }
 
-fn worker(rx: &Mutex<Receiver<(usize, u64)>>, shared: &Shared, counters: &Counters) {
+fn worker(rx: &Mutex<Receiver<Request>>, shared: &Shared, counters: &Counters) {
     loop {
         // The lock is held only to take one request off the queue.
         let next = crate::cache::lock(rx).recv();
-        let Ok((f, chunk)) = next else {
+        let Ok(Request {
+            file: f,
+            chunk,
+            reader_at,
+        }) = next
+        else {
             return; // the filesystem was dropped
         };
-        let key = ChunkKey {
-            tensor: f as u32,
-            chunk,
-        };
-        if shared.cache.is_present(key) {
-            continue;
-        }
-        match shared.prefetch(f, chunk) {
-            Ok(Prefetched::Decoded | Prefetched::Present) => {}
+        // The cache skips it if it is present or a reader got there first.
+        match shared.prefetch(f, chunk, reader_at) {
+            Ok(Prefetched::Decoded | Prefetched::Present | Prefetched::Passed) => {}
             Ok(Prefetched::NoBudget) => {
                 counters.dropped.fetch_add(1, Ordering::Relaxed);
             }

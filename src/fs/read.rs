@@ -6,9 +6,13 @@
 //! - a small read (<= [`SMALL_READ_BYTES`]) that misses the cache and does
 //!   not continue a sequential stream decodes only its own elements,
 //!   uncached (a random 4 KiB read must not pay for a whole chunk);
-//! - otherwise each chunk comes from [`BlockCache::get_or_decode`]; a range
-//!   inside one f32 chunk is replied straight from it (no copy), anything
-//!   else is assembled, converting f32 to f16/bf16 as it is copied.
+//! - otherwise each chunk comes from the cache, through the read's
+//!   registration ([`BlockCache::begin_read`], made as early as it can be
+//!   so that concurrent reads of one stream do not evict each other's
+//!   chunks);
+//!   a range inside one f32 chunk is replied straight from it (no copy),
+//!   anything else is assembled, converting f32 to f16/bf16 as it is
+//!   copied.
 //!
 //! A view read maps its range to header bytes, zero padding and tensor
 //! ranges ([`Layout::pieces`]) and serves each tensor range as above.
@@ -23,7 +27,7 @@ use super::namespace::{Node, TensorFile};
 use super::views::{self, ElemFormat, Layout, Piece};
 use super::{ReadData, SMALL_READ_BYTES, TensorFs};
 use crate::backend::Backend;
-use crate::cache::{BlockCache, Chunk, ChunkKey, Prefetched, lock};
+use crate::cache::{BlockCache, Chunk, ChunkKey, PendingRead, Prefetched, lock};
 use crate::error::Result;
 
 /// Everything the read path shares with the prefetch threads.
@@ -34,19 +38,48 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Decode chunk `chunk` of tensor file `f` through the cache.
-    pub(super) fn chunk(&self, f: usize, chunk: u64) -> Result<Chunk> {
+    /// Decode chunk `chunk` of tensor file `f` through the cache, for
+    /// `read` (registered with [`Shared::begin_read`]).
+    pub(super) fn chunk(&self, read: &PendingRead<'_>, f: usize, chunk: u64) -> Result<Chunk> {
         let (key, first, len) = self.chunk_span(f, chunk);
-        self.cache
-            .get_or_decode(key, len, |buf| self.decode(f, first, buf))
+        read.get_or_decode(key, len, |buf| self.decode(f, first, buf))
     }
 
-    /// Read-ahead of chunk `chunk` of tensor file `f` into the cache: never
-    /// waits for budget (see [`BlockCache::prefetch`]).
-    pub(super) fn prefetch(&self, f: usize, chunk: u64) -> Result<Prefetched> {
+    /// Register a read of the byte ranges `ranges` of tensor files (file,
+    /// lo, hi; elements of `bpe` bytes) with the cache: the chunks it will
+    /// fetch are kept from later reads and read-ahead until it has them
+    /// ([`BlockCache::begin_read`]).
+    fn begin_read(
+        &self,
+        order: Option<u64>,
+        bpe: u64,
+        ranges: &[(usize, u64, u64)],
+    ) -> PendingRead<'_> {
+        self.cache.begin_read(
+            order,
+            ranges.iter().flat_map(|&(f, lo, hi)| {
+                let ce = self.files[f].chunk_elems.max(1);
+                let (c0, c1) = (lo / bpe / ce, hi.div_ceil(bpe).saturating_sub(1) / ce);
+                (c0..=c1).map(move |chunk| ChunkKey {
+                    tensor: f as u32,
+                    chunk,
+                })
+            }),
+        )
+    }
+
+    /// Read-ahead of chunk `chunk` of tensor file `f` into the cache, for
+    /// a reader in chunk `reader_at`: never waits for budget (see
+    /// [`BlockCache::prefetch`]).
+    pub(super) fn prefetch(
+        &self,
+        f: usize,
+        chunk: u64,
+        reader_at: Option<ChunkKey>,
+    ) -> Result<Prefetched> {
         let (key, first, len) = self.chunk_span(f, chunk);
         self.cache
-            .prefetch(key, len, |buf| self.decode(f, first, buf))
+            .prefetch(key, len, reader_at, |buf| self.decode(f, first, buf))
     }
 
     /// Chunk `chunk` of tensor file `f`: its cache key, first element and
@@ -125,6 +158,8 @@ impl Streams {
 
 impl TensorFs {
     /// Serve `[offset, offset + size)` of tensor file or view `node`.
+    /// `order` is the FUSE request's unique id, if it is one: concurrent
+    /// reads get the cache in that order ([`BlockCache::begin_read`]).
     /// Errors are counted and logged (rate-limited per file) and become
     /// the error's errno.
     pub(super) fn read_node(
@@ -133,13 +168,14 @@ impl TensorFs {
         fh: u64,
         offset: u64,
         size: u32,
+        order: Option<u64>,
     ) -> std::result::Result<ReadData, i32> {
         let c = &self.counters;
         c.reads.fetch_add(1, Ordering::Relaxed);
         c.reads_in_flight.fetch_add(1, Ordering::Relaxed);
         let r = match node {
-            Node::Tensor { f, fmt } => self.read_tensor(*f, *fmt, fh, offset, size),
-            Node::View(_, l) => self.read_view(l, fh, offset, size),
+            Node::Tensor { f, fmt } => self.read_tensor(*f, *fmt, fh, offset, size, order),
+            Node::View(_, l) => self.read_view(l, fh, offset, size, order),
         };
         c.reads_in_flight.fetch_sub(1, Ordering::Relaxed);
         match r {
@@ -207,6 +243,7 @@ impl TensorFs {
         fh: u64,
         offset: u64,
         size: u32,
+        order: Option<u64>,
     ) -> Result<ReadData> {
         let len = self.shared.files[f].bytes(fmt);
         if offset >= len || size == 0 {
@@ -214,7 +251,14 @@ impl TensorFs {
         }
         let end = len.min(offset.saturating_add(u64::from(size)));
         let small = self.small_read(f, fmt, fh, offset, offset, end);
-        let data = self.tensor_range(f, fmt, offset, end, small)?;
+        // Registered as early as it can be: until then, a read the kernel
+        // sent after this one may evict the chunks this one needs. (The
+        // small-read check takes no lock for a read larger than a small
+        // one; a small read fetches no chunk.)
+        let ranges: &[_] = if small { &[] } else { &[(f, offset, end)] };
+        let read = self.shared.begin_read(order, fmt.bytes(), ranges);
+        let data = self.tensor_range(&read, f, fmt, offset, end, small)?;
+        drop(read);
         let whole = [views::Segment {
             start: 0,
             len,
@@ -224,19 +268,46 @@ impl TensorFs {
         Ok(data)
     }
 
-    fn read_view(&self, l: &Layout, fh: u64, offset: u64, size: u32) -> Result<ReadData> {
+    fn read_view(
+        &self,
+        l: &Layout,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        order: Option<u64>,
+    ) -> Result<ReadData> {
         if offset >= l.size() || size == 0 {
             return Ok(ReadData::Owned(Vec::new()));
         }
         let end = l.size().min(offset.saturating_add(u64::from(size)));
         let pieces = l.pieces(offset, end);
-        let data = match pieces.as_slice() {
-            // Inside one tensor: the tensor files' path (zero-copy from a
-            // chunk for f32, the small-read rule).
+        let small = match pieces.as_slice() {
+            // Inside one tensor: the small-read rule of tensor files.
             [Piece::Tensor { seg, range }] => {
                 let f = l.segments()[*seg].file;
-                let small = self.small_read(f, l.fmt(), fh, offset, range.start, range.end);
-                self.tensor_range(f, l.fmt(), range.start, range.end, small)?
+                self.small_read(f, l.fmt(), fh, offset, range.start, range.end)
+            }
+            _ => false,
+        };
+        let tensor_ranges: Vec<_> = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Tensor { seg, range } if !small => {
+                    Some((l.segments()[*seg].file, range.start, range.end))
+                }
+                _ => None,
+            })
+            .collect();
+        // As early as it can be (see `read_tensor`).
+        let read = self
+            .shared
+            .begin_read(order, l.fmt().bytes(), &tensor_ranges);
+        let data = match pieces.as_slice() {
+            // Inside one tensor: the tensor files' path (zero-copy from a
+            // chunk for f32).
+            [Piece::Tensor { seg, range }] => {
+                let f = l.segments()[*seg].file;
+                self.tensor_range(&read, f, l.fmt(), range.start, range.end, small)?
             }
             _ => {
                 let mut out = Vec::with_capacity((end - offset) as usize);
@@ -245,6 +316,7 @@ impl TensorFs {
                         Piece::Header(r) => out.extend_from_slice(&l.header()[r]),
                         Piece::Zeros(n) => out.resize(out.len() + n, 0),
                         Piece::Tensor { seg, range } => self.append_tensor(
+                            &read,
                             l.segments()[seg].file,
                             l.fmt(),
                             range.start,
@@ -256,14 +328,16 @@ impl TensorFs {
                 ReadData::Owned(out)
             }
         };
+        drop(read);
         self.after_read(fh, offset, end, l.segments(), l.fmt());
         Ok(data)
     }
 
     /// Bytes `[lo, hi)` (non-empty, within the tensor) of tensor file `f`
-    /// encoded as `fmt`.
+    /// encoded as `fmt`, for `read` (unless `small`: decoded uncached).
     fn tensor_range(
         &self,
+        read: &PendingRead<'_>,
         f: usize,
         fmt: ElemFormat,
         lo: u64,
@@ -290,7 +364,7 @@ impl TensorFs {
         let (c0, c1) = (e0 / file.chunk_elems, (e1 - 1) / file.chunk_elems);
         if fmt == ElemFormat::F32 && c0 == c1 {
             // A range inside one chunk is replied straight from it.
-            let chunk = self.shared.chunk(f, c0)?;
+            let chunk = self.shared.chunk(read, f, c0)?;
             let base = c0 * file.chunk_elems * 4;
             return Ok(ReadData::Chunk(
                 chunk,
@@ -298,14 +372,15 @@ impl TensorFs {
             ));
         }
         let mut out = Vec::with_capacity((hi - lo) as usize);
-        self.append_tensor(f, fmt, lo, hi, &mut out)?;
+        self.append_tensor(read, f, fmt, lo, hi, &mut out)?;
         Ok(ReadData::Owned(out))
     }
 
     /// Append bytes `[lo, hi)` of tensor file `f` encoded as `fmt` to
-    /// `out`, from the cached chunks that cover them.
+    /// `out`, from the cached chunks that cover them, for `read`.
     fn append_tensor(
         &self,
+        read: &PendingRead<'_>,
         f: usize,
         fmt: ElemFormat,
         lo: u64,
@@ -317,7 +392,7 @@ impl TensorFs {
         let ce = file.chunk_elems;
         let (e0, e1) = (lo / bpe, hi.div_ceil(bpe));
         for c in e0 / ce..=(e1 - 1) / ce {
-            let chunk = self.shared.chunk(f, c)?;
+            let chunk = self.shared.chunk(read, f, c)?;
             let base = c * ce;
             // Elements of this chunk inside [e0, e1), chunk-relative.
             let a = e0.max(base) - base;
@@ -387,8 +462,68 @@ impl TensorFs {
             }
             next.into_iter().skip(fresh).collect::<Vec<_>>()
         };
-        for (f, c) in wanted {
-            self.prefetch.request(f, c);
+        if wanted.is_empty() {
+            return;
         }
+        // The chunk this read ended in: its read-ahead must not evict it.
+        let reader_at = chunk_holding(segments, fmt.bytes(), end - 1, |f| {
+            self.shared.files[f].chunk_elems
+        })
+        .map(|(f, chunk)| ChunkKey {
+            tensor: f as u32,
+            chunk,
+        });
+        for (f, c) in wanted {
+            self.prefetch.request(f, c, reader_at);
+        }
+    }
+}
+
+/// The (tensor file, chunk) holding byte `pos` of a file whose tensor bytes
+/// are `segments` (elements of `bpe` bytes), if `pos` is a tensor byte.
+fn chunk_holding(
+    segments: &[views::Segment],
+    bpe: u64,
+    pos: u64,
+    chunk_elems: impl Fn(usize) -> u64,
+) -> Option<(usize, u64)> {
+    let s = segments.get(segments.partition_point(|s| s.start.saturating_add(s.len) <= pos))?;
+    (pos >= s.start).then(|| (s.file, (pos - s.start) / bpe / chunk_elems(s.file).max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_holding;
+    use crate::fs::views::Segment;
+
+    #[test]
+    fn chunk_holding_finds_the_segment_and_chunk_of_a_byte() {
+        // A view: 100 header bytes, then tensor file 3 (8 f32 elements in
+        // chunks of 2), 8 padding bytes, then tensor file 5 (4 elements in
+        // one chunk of 4).
+        let segments = [
+            Segment {
+                start: 100,
+                len: 32,
+                file: 3,
+            },
+            Segment {
+                start: 140,
+                len: 16,
+                file: 5,
+            },
+        ];
+        let ce = |f| if f == 3 { 2 } else { 4 };
+        let at = |pos| chunk_holding(&segments, 4, pos, ce);
+        assert_eq!(at(0), None);
+        assert_eq!(at(99), None);
+        assert_eq!(at(100), Some((3, 0)));
+        assert_eq!(at(107), Some((3, 0)));
+        assert_eq!(at(108), Some((3, 1)));
+        assert_eq!(at(131), Some((3, 3)));
+        assert_eq!(at(132), None);
+        assert_eq!(at(140), Some((5, 0)));
+        assert_eq!(at(155), Some((5, 0)));
+        assert_eq!(at(156), None);
     }
 }
