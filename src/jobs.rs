@@ -535,15 +535,17 @@ impl JobManager {
     /// Cancel everything and wait for running jobs to clean up.
     pub fn shutdown(&self) {
         *lock(&self.shared.stopping) = true;
-        // Not holding the queue while taking a job's state: `cancel` takes
-        // them the other way round.
-        let queued: Vec<Arc<Job>> = lock(&self.shared.queue).drain(..).collect();
-        for j in queued {
-            *lock(&j.state) = JobState::Cancelled;
-        }
+        lock(&self.shared.queue).clear();
+        // Every unfinished job is in the list, also one a worker has taken
+        // from the queue but not yet marked running: under the job's state
+        // lock it is either still queued (then the worker skips it) or
+        // running (then it sees the cancel at its next tensor).
         for j in self.jobs() {
-            if j.state() == JobState::Running {
-                j.progress.cancel();
+            let mut st = lock(&j.state);
+            match *st {
+                JobState::Queued => *st = JobState::Cancelled,
+                JobState::Running => j.progress.cancel(),
+                _ => {}
             }
         }
         self.shared.wake.notify_all();
@@ -700,6 +702,48 @@ mod tests {
             assert!(Instant::now() < deadline, "job {id} did not finish");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+    }
+
+    /// A job a worker has taken from the queue but not yet marked running
+    /// is cancelled by shutdown too; it was left queued, and the worker
+    /// then ran it to the end while shutdown waited.
+    #[test]
+    fn shutdown_cancels_a_job_taken_from_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = JobSource::of_mount(&Arc::from(crate::backend::open(&demo(), None).unwrap()));
+        // No workers: the job below stands for one a worker has popped.
+        let m = JobManager {
+            shared: Arc::new(Shared {
+                jobs: Mutex::new(Vec::new()),
+                queue: Mutex::new(VecDeque::new()),
+                wake: Condvar::new(),
+                stopping: Mutex::new(false),
+                jobs_dir: dir.path().to_path_buf(),
+                source,
+                pool: None,
+            }),
+            workers: Mutex::new(Vec::new()),
+            next_id: Mutex::new(2),
+        };
+        let Ok(Command::Encode { encoding, .. }) = parse_command("encode knot out=k.knot") else {
+            panic!("parse");
+        };
+        let popped = Arc::new(Job {
+            id: 1,
+            command: "encode knot out=k.knot".into(),
+            encoding: encoding.0,
+            output: dir.path().join("k.knot"),
+            overwrite: false,
+            progress: Progress::default(),
+            state: Mutex::new(JobState::Queued),
+            error: Mutex::new(None),
+            submitted: SystemTime::now(),
+            started: Mutex::new(None),
+            elapsed: Mutex::new(None),
+        });
+        lock(&m.shared.jobs).push(popped.clone());
+        m.shutdown();
+        assert_eq!(popped.state(), JobState::Cancelled);
     }
 
     #[test]
