@@ -148,8 +148,9 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 /// The same without renameat2: a hard link fails with EEXIST when `to`
-/// exists. Once linked the output is in place; the temporary name is then
-/// removed here, or by drop if that fails.
+/// exists. Once linked the output is in place and the commit has
+/// succeeded; a temporary name that cannot be removed then is only logged
+/// (it is a second name of the finished output, not a partial file).
 fn link_then_unlink(from: &Path, to: &Path) -> io::Result<()> {
     std::fs::hard_link(from, to)?;
     if let Err(e) = std::fs::remove_file(from) {
