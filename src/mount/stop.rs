@@ -89,14 +89,21 @@ pub fn stop_signals() -> libc::sigset_t {
     }
 }
 
-/// Wait for one of `set` (blocked in this thread), at most `timeout`.
+/// Wait for one of `set` (blocked in this thread), at most `timeout`; None
+/// when the time is up (or, without a timeout, when sigwait failed: logged).
 fn wait_signal(set: &libc::sigset_t, timeout: Option<Duration>) -> Option<i32> {
     // A timeout too long for an Instant (--stop-timeout 18446744073709551615)
     // is no timeout.
     let Some(deadline) = timeout.and_then(|t| Instant::now().checked_add(t)) else {
         let mut sig = 0i32;
         // SAFETY: set is initialized; sig is ours.
-        return (unsafe { libc::sigwait(set, &mut sig) } == 0).then_some(sig);
+        let rc = unsafe { libc::sigwait(set, &mut sig) };
+        if rc != 0 {
+            // sigwait returns its error number; errno is not set.
+            log::error!("sigwait failed: {}", std::io::Error::from_raw_os_error(rc));
+            return None;
+        }
+        return Some(sig);
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -135,7 +142,6 @@ fn stop_on_signal(
     state: &StopState,
 ) {
     let Some(sig) = wait_signal(set, None) else {
-        log::error!("sigwait failed: {}", std::io::Error::last_os_error());
         return;
     };
     state.signal.store(sig, Ordering::SeqCst);
