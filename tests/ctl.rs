@@ -14,26 +14,6 @@ use common::mount::{Mounted, fuse_available};
 use common::users::test_user;
 use common::*;
 
-fn ctl_json(m: &Mounted) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(m.path("ctl.json")).unwrap()).unwrap()
-}
-
-fn last_error(m: &Mounted) -> String {
-    ctl_json(m)["last_error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    v.sort();
-    v
-}
-
 /// A copy of the demo GGUF in a directory the test user can read, as the
 /// jobs directory of a mount.
 fn demo_copy(dir: &Path) -> std::path::PathBuf {
@@ -133,7 +113,7 @@ fn only_root_and_the_daemon_user_may_command() {
         "the user's write went through: {stderr}"
     );
     assert!(stderr.contains("Permission denied"), "{stderr}");
-    assert!(ctl_json(&m)["jobs"].as_array().unwrap().is_empty());
+    assert!(m.ctl_json()["jobs"].as_array().unwrap().is_empty());
     assert_eq!(std::fs::read(&secret).unwrap(), b"root only");
     assert!(
         m.log().contains(&format!("command from uid {} ", user.uid)),
@@ -174,7 +154,7 @@ fn ctl_reads_come_from_one_snapshot_per_open() {
             .take(20)
             .collect();
         assert_eq!(tensors.len(), 20);
-        let before = ctl_json(&m)["reads"]["total"].as_u64().unwrap();
+        let before = m.ctl_json()["reads"]["total"].as_u64().unwrap();
         for t in &tensors {
             uncached(&m.mp.join(t));
         }
@@ -205,7 +185,7 @@ fn ctl_reads_come_from_one_snapshot_per_open() {
             assert!(total <= before + 1, "rendered at open: {text}");
         }
         // A new open sees the new state.
-        let fresh = ctl_json(&m);
+        let fresh = m.ctl_json();
         assert!(fresh["reads"]["total"].as_u64().unwrap() >= before + 20);
     }
 }
@@ -246,8 +226,8 @@ fn ctl_commands_are_lines_checked_whole() {
         errno(open().write_all(b"encode knot out=a.knot\nfrobnicate\n")),
         Some(libc::EINVAL)
     );
-    assert!(ctl_json(&m)["jobs"].as_array().unwrap().is_empty());
-    let e = last_error(&m);
+    assert!(m.ctl_json()["jobs"].as_array().unwrap().is_empty());
+    let e = m.last_error();
     assert!(
         e.contains("line 2") && e.contains("nothing in this write was run"),
         "{e}"
@@ -258,9 +238,9 @@ fn ctl_commands_are_lines_checked_whole() {
         Some(libc::EINVAL)
     );
     assert!(
-        last_error(&m).contains("not valid UTF-8"),
+        m.last_error().contains("not valid UTF-8"),
         "{}",
-        last_error(&m)
+        m.last_error()
     );
     // An over-long line, even split across writes.
     {
@@ -269,14 +249,14 @@ fn ctl_commands_are_lines_checked_whole() {
         f.write_all(&long).unwrap();
         assert_eq!(errno(f.write_all(&long)), Some(libc::EINVAL));
     }
-    assert!(last_error(&m).contains("longer than"), "{}", last_error(&m));
+    assert!(m.last_error().contains("longer than"), "{}", m.last_error());
     // No newline: the command runs when the file is closed.
     {
         let mut f = open();
         f.write_all(b"encode knot out=b.knot").unwrap();
-        assert!(ctl_json(&m)["jobs"].as_array().unwrap().is_empty());
+        assert!(m.ctl_json()["jobs"].as_array().unwrap().is_empty());
     }
-    let jobs_now = ctl_json(&m)["jobs"].clone();
+    let jobs_now = m.ctl_json()["jobs"].clone();
     assert_eq!(jobs_now.as_array().unwrap().len(), 1, "{jobs_now}");
     assert_eq!(jobs_now[0]["command"], "encode knot out=b.knot");
     // A bad last line without newline: close() reports it.
@@ -291,7 +271,7 @@ fn ctl_commands_are_lines_checked_whole() {
     );
     // Nothing but the finished output in the jobs directory.
     for _ in 0..600 {
-        if ctl_json(&m)["jobs"][0]["state"] == "done" {
+        if m.ctl_json()["jobs"][0]["state"] == "done" {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -347,5 +327,5 @@ fn opens_and_failed_reads_do_not_flood_the_log() {
         m.log()
     );
     // (The kernel's read-ahead adds a few failing reads of its own.)
-    assert!(ctl_json(&m)["reads"]["errors"].as_u64().unwrap() >= 2000);
+    assert!(m.ctl_json()["reads"]["errors"].as_u64().unwrap() >= 2000);
 }

@@ -260,15 +260,6 @@ fn killed_encoding_leaves_no_target() {
     }
 }
 
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    v.sort();
-    v
-}
-
 /// `rknot encode` creates its output with at most the input's permission
 /// bits: a 0600 model gives a 0600 encoding, never 0644.
 #[test]
@@ -310,7 +301,7 @@ fn encode_refuses_to_overwrite_its_input() {
         }
     }
     assert_eq!(std::fs::read(&model).unwrap(), before);
-    assert_eq!(names_in(dir.path()), ["link.gguf", "model.gguf"]);
+    assert_eq!(listing(dir.path()), ["link.gguf", "model.gguf"]);
 }
 
 /// A commit that fails (the output is a directory) removes the temporary
@@ -323,14 +314,11 @@ fn encode_failed_commit_leaves_nothing_and_long_names_work() {
     std::fs::create_dir(&target).unwrap();
     let o = run_rknot(&encode_args("knot", &model, &target, &["--overwrite"]));
     assert_eq!(o.status.code(), Some(1));
-    assert_eq!(names_in(dir.path()), ["d.knot"]);
+    assert_eq!(listing(dir.path()), ["d.knot"]);
     let long = dir.path().join("n".repeat(255));
     let o = run_rknot(&encode_args("knot", &model, &long, &[]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(
-        names_in(dir.path()),
-        ["d.knot".to_string(), "n".repeat(255)]
-    );
+    assert_eq!(listing(dir.path()), ["d.knot".to_string(), "n".repeat(255)]);
 }
 
 /// Measured facts for docs/QUALITY.md (printed, not asserted): K/V energy

@@ -9,21 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::mount::{MountGuard, Mounted, fuse_available, is_mounted, mount_bin};
+use common::users::test_user;
 use common::*;
-
-fn ctl_json(m: &Mounted) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(m.path("ctl.json")).unwrap()).unwrap()
-}
-
-fn job(m: &Mounted, id: u64) -> serde_json::Value {
-    ctl_json(m)["jobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|j| j["id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("no job {id}: {}", m.ctl()))
-}
 
 /// Write one command to ctl; Err(errno) when the write is refused.
 fn command(m: &Mounted, line: &str) -> Result<(), i32> {
@@ -33,31 +20,6 @@ fn command(m: &Mounted, line: &str) -> Result<(), i32> {
         .unwrap();
     f.write_all(format!("{line}\n").as_bytes())
         .map_err(|e| e.raw_os_error().unwrap_or(0))
-}
-
-fn wait_state(m: &Mounted, id: u64, states: &[&str], secs: u64) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let j = job(m, id);
-        if states.iter().any(|s| j["state"] == *s) {
-            return j;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job {id} stuck: {j}\n{}",
-            m.ctl()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]
@@ -81,7 +43,7 @@ fn jobs_progress_cancel_and_validation() {
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let j = job(&m, 1);
+        let j = m.job(1);
         seen.push(j["tensors_done"].as_u64().unwrap());
         if j["state"] == "done" {
             assert_eq!(j["tensors_done"], 210);
@@ -125,7 +87,7 @@ fn jobs_progress_cancel_and_validation() {
         ("cancel 99", "no such job"),
     ] {
         assert_eq!(command(&m, line), Err(libc::EINVAL), "{line}");
-        let last = ctl_json(&m)["last_error"].as_str().unwrap().to_string();
+        let last = m.last_error();
         assert!(last.contains(reason), "{line}: {last}");
     }
     assert!(!Path::new("/etc/x").exists());
@@ -133,8 +95,8 @@ fn jobs_progress_cancel_and_validation() {
     // Two jobs at once, reads continuing; then cancel the slow one.
     command(&m, "encode rknot profile=faithful out=f.rknot").unwrap();
     command(&m, "encode knot out=k.knot").unwrap();
-    wait_state(&m, 2, &["running"], 30);
-    let reads_before = ctl_json(&m)["reads"]["total"].as_u64().unwrap();
+    m.wait_job(2, &["running"], 30);
+    let reads_before = m.ctl_json()["reads"]["total"].as_u64().unwrap();
     for t in [
         "blk.3.ffn_up.weight.f32",
         "blk.9.attn_q.weight.f32",
@@ -144,11 +106,11 @@ fn jobs_progress_cancel_and_validation() {
         let bytes = std::fs::read(m.path(t)).unwrap();
         assert!(!bytes.is_empty());
     }
-    assert!(ctl_json(&m)["reads"]["total"].as_u64().unwrap() > reads_before);
+    assert!(m.ctl_json()["reads"]["total"].as_u64().unwrap() > reads_before);
     command(&m, "cancel 2").unwrap_or_else(|e| panic!("cancel 2: {e}\n{}", m.ctl()));
-    let j = wait_state(&m, 2, &["cancelled", "done", "failed"], 60);
+    let j = m.wait_job(2, &["cancelled", "done", "failed"], 60);
     assert_eq!(j["state"], "cancelled", "{j}");
-    assert_eq!(wait_state(&m, 3, &["done", "failed"], 120)["state"], "done");
+    assert_eq!(m.wait_job(3, &["done", "failed"], 120)["state"], "done");
     assert!(!out.path().join("f.rknot").exists());
     // Only the finished outputs; no temporary files left.
     assert_eq!(listing(out.path()), ["k.knot", "s8.sk32"]);
@@ -168,7 +130,7 @@ fn unmount_and_kill_leave_no_output() {
         let out = tempfile::tempdir().unwrap();
         let mut m = Mounted::new(&model, &["--jobs-dir", out.path().to_str().unwrap()]);
         command(&m, "encode rknot profile=faithful out=x.rknot").unwrap();
-        wait_state(&m, 1, &["running"], 30);
+        m.wait_job(1, &["running"], 30);
         std::thread::sleep(Duration::from_millis(500));
         if kill {
             m.signal(libc::SIGKILL);
@@ -208,24 +170,7 @@ fn other_users_cannot_start_jobs() {
     if !fuse_available() {
         return;
     }
-    // Without a `nobody` user or runuser this cannot run: a note, or a
-    // failure under RKNOT_REQUIRE_FUSE (CI must not skip it silently).
-    let skip = |why: &str| {
-        if env_flag("RKNOT_REQUIRE_FUSE") {
-            panic!("{why}; RKNOT_REQUIRE_FUSE is set, so this is a failure");
-        }
-        eprintln!("NOTE: skipping: {why}");
-    };
-    let nobody = match Command::new("id").args(["-u", "nobody"]).output() {
-        Ok(o) => o,
-        Err(e) => return skip(&format!("cannot run `id -u nobody`: {e}")),
-    };
-    if !nobody.status.success() {
-        return skip("no 'nobody' user");
-    }
-    if Command::new("runuser").arg("--help").output().is_err() {
-        return skip("no runuser");
-    }
+    let Some(user) = test_user() else { return };
     let base = tempfile::tempdir().unwrap();
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let mp = base.path().join("mnt");
@@ -246,13 +191,7 @@ fn other_users_cannot_start_jobs() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(20));
     }
-    let as_nobody = |cmd: &str| {
-        Command::new("runuser")
-            .args(["-u", "nobody", "--", "sh", "-c", cmd])
-            .output()
-            .unwrap()
-    };
-    let read = as_nobody(&format!(
+    let read = user.sh(&format!(
         "od -N 16 -t f4 {}/blk.0.attn_q.weight.f32",
         mp.display()
     ));
@@ -261,7 +200,7 @@ fn other_users_cannot_start_jobs() {
         "{}",
         String::from_utf8_lossy(&read.stderr)
     );
-    let write = as_nobody(&format!(
+    let write = user.sh(&format!(
         "echo 'encode knot out=x.knot' > {}/ctl",
         mp.display()
     ));
@@ -285,13 +224,6 @@ fn copy_with_mode(from: &Path, dir: &Path, name: &str, mode: u32) -> std::path::
 
 fn mode_of(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
-}
-
-fn last_error(m: &Mounted) -> String {
-    ctl_json(m)["last_error"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// A job's output has at most the permission bits of the mount's source
@@ -331,7 +263,7 @@ fn job_outputs_get_at_most_the_sources_mode() {
         command(&m, "encode knot out=k.knot").unwrap();
         command(&m, "encode sk32 rank=4 out=s.sk32").unwrap();
         for (id, out) in [(1, "k.knot"), (2, "s.sk32")] {
-            let j = wait_state(&m, id, &["done", "failed", "cancelled"], 60);
+            let j = m.wait_job(id, &["done", "failed", "cancelled"], 60);
             assert_eq!(j["state"], "done", "{j}");
             let got = mode_of(&dir.path().join(out));
             assert_eq!(
@@ -347,7 +279,7 @@ fn job_outputs_get_at_most_the_sources_mode() {
 fn wait_started(m: &Mounted, id: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let j = job(m, id);
+        let j = m.job(id);
         if j["state"] == "running" && j["tensors_done"].as_u64().unwrap() > 0 {
             return;
         }
@@ -376,16 +308,16 @@ fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
         "encode sk32 rank=4 out=b.sk32 overwrite=1",
     ] {
         assert_eq!(command(&m, line), Err(libc::EINVAL), "{line}");
-        let e = last_error(&m);
+        let e = m.last_error();
         assert!(e.contains("already writes"), "{line}: {e}");
     }
     // While job 1 runs, a file by hand at a.sk32; while job 2 runs,
     // `rknot encode` writes b.sk32.
     wait_started(&m, 1);
     std::fs::write(out.path().join("a.sk32"), b"mine").unwrap();
-    let j = job(&m, 1);
+    let j = m.job(1);
     assert_eq!(j["state"], "running", "finished too early to test: {j}");
-    let j = wait_state(&m, 1, &["done", "failed", "cancelled"], 300);
+    let j = m.wait_job(1, &["done", "failed", "cancelled"], 300);
     assert_eq!(j["state"], "failed", "{j}");
     let e = j["error"].as_str().unwrap();
     assert!(e.contains("appeared") && e.contains("a.sk32"), "{e}");
@@ -401,9 +333,9 @@ fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
         String::from_utf8_lossy(&cli.stderr)
     );
     let cli_bytes = std::fs::read(out.path().join("b.sk32")).unwrap();
-    let j = job(&m, 2);
+    let j = m.job(2);
     assert_eq!(j["state"], "running", "finished too early to test: {j}");
-    let j = wait_state(&m, 2, &["done", "failed", "cancelled"], 300);
+    let j = m.wait_job(2, &["done", "failed", "cancelled"], 300);
     assert_eq!(j["state"], "failed", "{j}");
     let e = j["error"].as_str().unwrap();
     assert!(e.contains("appeared") && e.contains("b.sk32"), "{e}");
@@ -447,12 +379,12 @@ fn jobs_never_overwrite_a_source_of_the_mount() {
             for kind in ["knot", "sk32 rank=4"] {
                 let line = format!("encode {kind} out={name} overwrite=1");
                 assert_eq!(command(&m, &line), Err(libc::EINVAL), "{line}");
-                let e = last_error(&m);
+                let e = m.last_error();
                 assert!(e.contains("same device and inode"), "{line}: {e}");
             }
         }
         assert!(
-            ctl_json(&m)["jobs"].as_array().unwrap().is_empty(),
+            m.ctl_json()["jobs"].as_array().unwrap().is_empty(),
             "nothing queued"
         );
     }
@@ -480,7 +412,7 @@ fn jobs_read_the_mounted_file_not_the_path() {
     command(&m, "encode knot out=k.knot").unwrap();
     command(&m, "encode sk32 rank=4 out=s.sk32").unwrap();
     for id in [1, 2] {
-        let j = wait_state(&m, id, &["done", "failed", "cancelled"], 300);
+        let j = m.wait_job(id, &["done", "failed", "cancelled"], 300);
         assert_eq!(j["state"], "done", "{j}");
     }
     // The repack holds exactly the mount's tensors, byte for byte.
@@ -518,12 +450,12 @@ fn failed_commits_leave_nothing_and_long_names_work() {
     );
     std::fs::create_dir(dir.path().join("d.knot")).unwrap();
     command(&m, "encode knot out=d.knot overwrite=1").unwrap();
-    let j = wait_state(&m, 1, &["done", "failed", "cancelled"], 60);
+    let j = m.wait_job(1, &["done", "failed", "cancelled"], 60);
     assert_eq!(j["state"], "failed", "{j}");
     assert_eq!(listing(dir.path()), ["d.knot"]);
     let long = "k".repeat(255);
     command(&m, &format!("encode knot out={long}")).unwrap();
-    let j = wait_state(&m, 2, &["done", "failed", "cancelled"], 60);
+    let j = m.wait_job(2, &["done", "failed", "cancelled"], 60);
     assert_eq!(j["state"], "done", "{j}");
     assert_eq!(listing(dir.path()), ["d.knot", long.as_str()]);
 }
@@ -541,28 +473,28 @@ fn job_list_is_bounded() {
     let m = Mounted::new(&model, &["--jobs-dir", dir.path().to_str().unwrap()]);
     // One long job keeps the others queued.
     command(&m, "encode rknot profile=faithful out=slow.rknot").unwrap();
-    wait_state(&m, 1, &["running"], 30);
+    m.wait_job(1, &["running"], 30);
     let mut next = 2u64;
     for round in 0..6 {
         let first = next;
         for _ in 0..16 {
             command(&m, &format!("encode knot out=q{next}.knot"))
-                .unwrap_or_else(|e| panic!("round {round}, job {next}: {e}: {}", last_error(&m)));
+                .unwrap_or_else(|e| panic!("round {round}, job {next}: {e}: {}", m.last_error()));
             next += 1;
         }
         assert_eq!(
             command(&m, "encode knot out=one-too-many.knot"),
             Err(libc::EINVAL)
         );
-        assert!(last_error(&m).contains("queued"), "{}", last_error(&m));
+        assert!(m.last_error().contains("queued"), "{}", m.last_error());
         for id in first..next {
             command(&m, &format!("cancel {id}")).unwrap();
         }
-        let jobs = ctl_json(&m)["jobs"].as_array().unwrap().len();
+        let jobs = m.ctl_json()["jobs"].as_array().unwrap().len();
         assert!(jobs <= 1 + 64, "round {round}: {jobs} jobs listed");
     }
     // 96 cancelled: the last 64 remain, with the running one.
-    let ids: Vec<u64> = ctl_json(&m)["jobs"]
+    let ids: Vec<u64> = m.ctl_json()["jobs"]
         .as_array()
         .unwrap()
         .iter()
@@ -577,9 +509,9 @@ fn job_list_is_bounded() {
     // Job 1 finishing makes it the oldest of 65 finished: it expires.
     command(&m, "cancel 1").unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while ctl_json(&m)["jobs"][0]["id"] == 1 {
+    while m.ctl_json()["jobs"][0]["id"] == 1 {
         assert!(Instant::now() < deadline, "{}", m.ctl());
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(ctl_json(&m)["jobs"].as_array().unwrap().len(), 64);
+    assert_eq!(m.ctl_json()["jobs"].as_array().unwrap().len(), 64);
 }

@@ -13,23 +13,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::mount::{Mounted, background_pid, fuse_available, is_mounted, mount_bin, pid_alive};
-use common::users::{TestUser, find_tool, in_fuse_namespace, test_user};
+use common::users::{TestUser, in_fuse_namespace, namespace_test_user};
 use common::*;
-
-/// The test user, and `unshare` for [`in_fuse_namespace`]; `None` (after a
-/// note, or a failure under RKNOT_REQUIRE_FUSE) when this machine cannot.
-fn user_with_namespaces() -> Option<TestUser> {
-    let user = test_user()?;
-    if find_tool("unshare").is_none() {
-        assert!(
-            !env_flag("RKNOT_REQUIRE_FUSE"),
-            "tests in a mount namespace need unshare; RKNOT_REQUIRE_FUSE is set"
-        );
-        eprintln!("NOTE: skipping: tests in a mount namespace need unshare");
-        return None;
-    }
-    Some(user)
-}
+use rknot::mount::checks::{MountEntry, parse_mountinfo_line};
 
 /// A scratch directory the test user can traverse, with `dirs` inside it
 /// owned by the user (mountpoints and log directories: fusermount3 wants
@@ -103,48 +89,13 @@ impl Drop for Daemons {
     }
 }
 
-/// The fields of a /proc/self/mountinfo line the tests look at (parsed
-/// here, independently of the daemon's own parser).
-#[derive(Debug)]
-struct MountLine {
-    source: String,
-    mount_options: String,
-    super_options: String,
-}
-
-/// Undo mountinfo's octal escapes (`\040`, `\134`).
-fn unoctal(s: &str) -> String {
-    let mut out = Vec::new();
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && let Some(v) = s
-                .get(i + 1..i + 4)
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).unwrap()
-}
-
 /// The topmost mount at `mp` in a mountinfo text.
-fn mount_at(mountinfo: &str, mp: &Path) -> Option<MountLine> {
-    mountinfo.lines().rev().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let left: Vec<&str> = left.split(' ').collect();
-        let right: Vec<&str> = right.split(' ').collect();
-        (unoctal(left[4]) == mp.to_str()?).then(|| MountLine {
-            source: unoctal(right[1]),
-            mount_options: left[5].to_string(),
-            super_options: right[2].to_string(),
-        })
-    })
+fn mount_at(mountinfo: &str, mp: &Path) -> Option<MountEntry> {
+    mountinfo
+        .lines()
+        .rev()
+        .filter_map(parse_mountinfo_line)
+        .find(|m| Path::new(&m.mount_point) == mp)
 }
 
 /// Item 8: a source named `m,allow_other.gguf` or `a,ro.gguf`, or an
@@ -156,7 +107,7 @@ fn source_names_cannot_change_fusermount_options() {
     if !fuse_available() {
         return;
     }
-    let Some(user) = user_with_namespaces() else {
+    let Some(user) = namespace_test_user() else {
         return;
     };
     let scratch = scratch_for(&user, &["mnt1", "mnt2", "mnt3", "logs"]);
@@ -252,7 +203,7 @@ fn root_only_dev_fuse_is_explained() {
     if !fuse_available() {
         return;
     }
-    let Some(user) = user_with_namespaces() else {
+    let Some(user) = namespace_test_user() else {
         return;
     };
     let scratch = scratch_for(&user, &["mnt"]);
@@ -335,7 +286,7 @@ fn background_default_log_name_is_bounded() {
     if !fuse_available() {
         return;
     }
-    let Some(user) = user_with_namespaces() else {
+    let Some(user) = namespace_test_user() else {
         return;
     };
     // A mountpoint 5 levels of 60 characters below the scratch directory:
@@ -387,10 +338,6 @@ fn background_default_log_name_is_bounded() {
     );
 }
 
-fn ctl_json(m: &Mounted) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(m.path("ctl.json")).unwrap()).unwrap()
-}
-
 /// Wait until the daemon's log contains `what` (up to 30 s).
 fn wait_log(m: &Mounted, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -407,13 +354,6 @@ fn uncached_read(f: &std::fs::File) -> std::io::Result<usize> {
     // SAFETY: fadvise on a descriptor we own; it only drops clean pages.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     f.read_at(&mut [0u8; 4096], 0)
-}
-
-fn files_in(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect()
 }
 
 /// Item 19: SIGTERM while a reader holds a tensor file open and a job runs.
@@ -437,11 +377,7 @@ fn sigterm_with_an_open_file_stops_after_the_grace_period() {
         ],
     );
     std::fs::write(m.path("ctl"), "encode rknot profile=faithful out=x.rknot\n").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while ctl_json(&m)["jobs"][0]["state"] != "running" {
-        assert!(Instant::now() < deadline, "job not running: {}", m.ctl());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    m.wait_job(1, &["running"], 60);
     let held = std::fs::File::open(m.path("blk.0.attn_q.weight.f32")).unwrap();
     let mut buf = vec![0u8; 4096];
     held.read_at(&mut buf, 0).unwrap();
@@ -454,9 +390,9 @@ fn sigterm_with_an_open_file_stops_after_the_grace_period() {
     assert!(st.success(), "{st}\n{log}");
     assert!(!is_mounted(&m.mp), "{log}");
     assert!(
-        files_in(out.path()).is_empty(),
+        listing(out.path()).is_empty(),
         "no output, no temporary file: {:?}\n{log}",
-        files_in(out.path())
+        listing(out.path())
     );
     for want in [
         "SIGTERM: stopping",

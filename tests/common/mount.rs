@@ -135,6 +135,59 @@ impl Mounted {
     pub fn ctl(&self) -> String {
         std::fs::read_to_string(self.path("ctl")).unwrap()
     }
+
+    /// `ctl.json`, parsed.
+    pub fn ctl_json(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.path("ctl.json")).unwrap()).unwrap()
+    }
+
+    /// Why the last refused `ctl` command was refused ("" when none was).
+    pub fn last_error(&self) -> String {
+        self.ctl_json()["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Job `id` as `ctl.json` lists it; panics (showing `ctl`) when it is
+    /// not listed.
+    pub fn job(&self, id: u64) -> serde_json::Value {
+        self.ctl_json()["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no job {id}: {}", self.ctl()))
+    }
+
+    /// Wait (up to `secs`) until job `id` is in one of `states`; returns it.
+    pub fn wait_job(&self, id: u64, states: &[&str], secs: u64) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let j = self.job(id);
+            if states.iter().any(|s| j["state"] == *s) {
+                return j;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {id} stuck: {j}\n{}",
+                self.ctl()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The daemon's peak RSS so far, in KiB (VmHWM of /proc/PID/status).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no VmHWM in /proc/{}/status", self.pid()))
+    }
 }
 
 impl Drop for Mounted {

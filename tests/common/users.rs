@@ -82,6 +82,16 @@ pub fn test_user() -> Option<TestUser> {
     }
 }
 
+/// The test user, when [`in_fuse_namespace`] can run too (it needs
+/// `unshare`); `None` after a note, as [`test_user`].
+pub fn namespace_test_user() -> Option<TestUser> {
+    let user = test_user()?;
+    if find_tool("unshare").is_none() {
+        return skip("tests in a mount namespace need unshare");
+    }
+    Some(user)
+}
+
 impl TestUser {
     /// Run `sh -c script` as this user (no login environment; HOME=/tmp).
     pub fn sh(&self, script: &str) -> Output {
