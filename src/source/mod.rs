@@ -134,10 +134,7 @@ impl SourceVersion {
 
     /// The device as `major:minor`.
     fn dev_name(&self) -> String {
-        let d = self.dev;
-        let major = ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff);
-        let minor = (d & 0xff) | ((d >> 12) & !0xff);
-        format!("{major}:{minor}")
+        format!("{}:{}", libc::major(self.dev), libc::minor(self.dev))
     }
 }
 
