@@ -321,6 +321,24 @@ fn encode_failed_commit_leaves_nothing_and_long_names_work() {
     assert_eq!(listing(dir.path()), ["d.knot".to_string(), "n".repeat(255)]);
 }
 
+/// `rknot encode knot` repacks a GGUF only: a dense .knot or a sketch as
+/// input is refused with the reason, and nothing is written.
+#[test]
+fn encode_knot_of_a_non_gguf_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (input, format) in [("tiny-llama.knot", "knot"), ("tiny-llama.sk32", "sk32")] {
+        let out = dir.path().join("out.knot");
+        let o = run_rknot(&encode_args("knot", &demo_path(input), &out, &[]));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{input}: {stderr}");
+        assert!(
+            stderr.contains(&format!("encode knot repacks a GGUF; this is {format}")),
+            "{input}: {stderr}"
+        );
+        assert!(listing(dir.path()).is_empty(), "{input}");
+    }
+}
+
 /// Measured facts for docs/QUALITY.md (printed, not asserted): K/V energy
 /// inside the standing dimensions at coverage 0.3, and the seed's
 /// σ1 >= 8·σ2 "cliff" predicate over every block matrix. Not run by default:
