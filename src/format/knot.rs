@@ -17,8 +17,7 @@ use serde_json::{Map, Value, json};
 use crate::error::{Error, ErrorKind, Result, add, err, product};
 use crate::format::container::{self, KnotContainer};
 use crate::format::json::{
-    Entries, Field, MaxLen, ObjectOf, Parse, Seed, StrField, U64Array, U64Field, required,
-    skip_value,
+    Entries, Field, MaxLen, ObjectOf, Parse, Seed, U64Array, required, skip_value,
 };
 use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
 use crate::format::{MAX_TENSORS, too_many_tensors};
@@ -121,7 +120,7 @@ impl<'de> Entries<'de> for TensorFields<'_> {
         let f = Field::new(self.p, self.ctx, &key);
         let r = &mut self.raw;
         match key.as_str() {
-            "type" => r.ty = Some(map.next_value_seed(Seed(StrField(f)))?),
+            "type" => r.ty = Some(f.read_string(map)?),
             "shape" => {
                 r.shape = Some(map.next_value_seed(Seed(U64Array {
                     f,
@@ -129,8 +128,8 @@ impl<'de> Entries<'de> for TensorFields<'_> {
                     increasing: None,
                 }))?);
             }
-            "offset" => r.offset = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "length" => r.length = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "offset" => r.offset = Some(f.read_u64(map)?),
+            "length" => r.length = Some(f.read_u64(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -231,7 +230,7 @@ impl DenseKnotFile {
         for (name, r) in entries {
             let ctx = format!("tensor {name:?}");
             let parse = || -> Result<KnotTensorInfo> {
-                let tname = required(r.ty, &p, &ctx, "type")?;
+                let tname = required(r.ty, &ctx, "type")?;
                 let ty = parse_type(&tname).ok_or_else(|| {
                     err(
                         ErrorKind::UnknownType,
@@ -241,7 +240,7 @@ impl DenseKnotFile {
                         ),
                     )
                 })?;
-                let shape = required(r.shape, &p, &ctx, "shape")?;
+                let shape = required(r.shape, &ctx, "shape")?;
                 let n = check_shape(&shape, ty)?;
                 let want = ty.bytes_for(n).ok_or_else(|| {
                     err(
@@ -249,8 +248,8 @@ impl DenseKnotFile {
                         format!("byte size of {n} {ty} elements"),
                     )
                 })?;
-                let offset = required(r.offset, &p, &ctx, "offset")?;
-                let length = required(r.length, &p, &ctx, "length")?;
+                let offset = required(r.offset, &ctx, "offset")?;
+                let length = required(r.length, &ctx, "length")?;
                 if length != want {
                     return Err(err(
                         ErrorKind::LengthMismatch,

@@ -34,7 +34,7 @@ use crate::error::{ErrorKind, Result, add, err, mul};
 use crate::format::container::check_utf8;
 use crate::format::json::{
     AnyFound, Entries, Expect, F32Array, Field, Found, MaxLen, ObjectOf, OptStr, Parse, Seed, Seen,
-    StrField, U64Array, U64Field, required, skip_value,
+    U64Array, required, skip_value,
 };
 use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
 use crate::format::{MAX_TENSORS, too_many_tensors};
@@ -90,13 +90,13 @@ impl Manifest {
     }
 
     /// Validate a manifest as parsed.
-    fn from_raw(r: RawManifest, p: &Parse) -> Result<Manifest> {
+    fn from_raw(r: RawManifest) -> Result<Manifest> {
         let ctx = "manifest";
-        let d = required(r.d, p, ctx, "d")?;
-        let k = required(r.k, p, ctx, "k")?;
-        let standing_indices = required(r.standing_indices, p, ctx, "standing_indices")?;
-        let amplitudes = required(r.amplitudes, p, ctx, "amplitudes")?;
-        let phase_alignment = required(r.phase_alignment, p, ctx, "phase_alignment")?;
+        let d = required(r.d, ctx, "d")?;
+        let k = required(r.k, ctx, "k")?;
+        let standing_indices = required(r.standing_indices, ctx, "standing_indices")?;
+        let amplitudes = required(r.amplitudes, ctx, "amplitudes")?;
+        let phase_alignment = required(r.phase_alignment, ctx, "phase_alignment")?;
         if d == 0 {
             return Err(err(ErrorKind::BadValue, "manifest d is 0"));
         }
@@ -419,14 +419,14 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
             ),
         ));
     }
-    let am = required(root.arch_meta, &p, "header", "arch_meta")?;
+    let am = required(root.arch_meta, "header", "arch_meta")?;
     let arch = ArchMeta {
-        arch: required(am.arch, &p, "arch_meta", "arch")?,
-        hidden_dim: required(am.hidden_dim, &p, "arch_meta", "hidden_dim")?,
-        num_layers: required(am.num_layers, &p, "arch_meta", "num_layers")?,
+        arch: required(am.arch, "arch_meta", "arch")?,
+        hidden_dim: required(am.hidden_dim, "arch_meta", "hidden_dim")?,
+        num_layers: required(am.num_layers, "arch_meta", "num_layers")?,
         metadata: am.metadata.unwrap_or_default(),
     };
-    let layers_raw = required(root.layers, &p, "header", "layers")?;
+    let layers_raw = required(root.layers, "header", "layers")?;
     let raw_layers = p.run(
         Seed(LayersSeed { p: &p }),
         layers_raw.get().as_bytes(),
@@ -438,7 +438,7 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
     let mut seen_layers = HashSet::new();
     for (li, rl) in raw_layers.into_iter().enumerate() {
         let lctx = format!("layers[{li}]");
-        let index = required(rl.index, &p, &lctx, "index")?;
+        let index = required(rl.index, &lctx, "index")?;
         if index >= arch.num_layers || !seen_layers.insert(index) {
             return Err(err(
                 ErrorKind::BadValue,
@@ -448,12 +448,12 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
                 ),
             ));
         }
-        let manifest = required(rl.manifest, &p, &lctx, "manifest")
-            .and_then(|m| Manifest::from_raw(m, &p))
+        let manifest = required(rl.manifest, &lctx, "manifest")
+            .and_then(Manifest::from_raw)
             .map_err(|e| e.tensor(&format!("layer {index} manifest")))?;
         let manifest = Arc::new(manifest);
         let layer_pos = layers.len();
-        let traw = required(rl.tensors, &p, &lctx, "tensors")?;
+        let traw = required(rl.tensors, &lctx, "tensors")?;
         let raw_tensors = p.run(
             Seed(TensorsSeed {
                 p: &p,
@@ -538,9 +538,9 @@ impl<'de> Entries<'de> for ArchFields<'_> {
         let f = Field::new(self.jm.p, "arch_meta", &key);
         let r = &mut self.raw;
         match key.as_str() {
-            "arch" => r.arch = Some(map.next_value_seed(Seed(StrField(f)))?),
-            "hidden_dim" => r.hidden_dim = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "num_layers" => r.num_layers = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "arch" => r.arch = Some(f.read_string(map)?),
+            "hidden_dim" => r.hidden_dim = Some(f.read_u64(map)?),
+            "num_layers" => r.num_layers = Some(f.read_u64(map)?),
             "metadata" => r.metadata = Some(map.next_value_seed(Seed(MetadataSeed(self.jm)))?),
             _ => skip_value(map)?,
         }
@@ -614,7 +614,7 @@ impl<'de> Entries<'de> for LayerFields<'_, 'de> {
         match key.as_str() {
             "index" => {
                 let f = Field::new(p, &lctx, "index");
-                self.raw.index = Some(map.next_value_seed(Seed(U64Field(f)))?);
+                self.raw.index = Some(f.read_u64(map)?);
             }
             "manifest" => {
                 let m = map
@@ -667,8 +667,8 @@ impl<'de> Entries<'de> for ManifestFields<'_> {
         let f = Field::new(self.p, "manifest", &key);
         let r = &mut self.raw;
         match key.as_str() {
-            "d" => r.d = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "k" => r.k = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "d" => r.d = Some(f.read_u64(map)?),
+            "k" => r.k = Some(f.read_u64(map)?),
             "standing_indices" => {
                 // Checked while parsing: an array of repeated small numbers
                 // would otherwise take 8 bytes per 2 bytes of header.
@@ -772,7 +772,7 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
         let r = &mut self.raw;
         match key.as_str() {
             "name" => {
-                let name = map.next_value_seed(Seed(StrField(f)))?;
+                let name = f.read_string(map)?;
                 *self.current.borrow_mut() = Some(name.clone());
                 r.name = Some(name);
             }
@@ -784,8 +784,8 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
                 }))?);
             }
             "restricted_axes" => r.restricted = Some(map.next_value_seed(Seed(Axes(f)))?),
-            "mode" => r.mode = Some(map.next_value_seed(Seed(StrField(f)))?),
-            "bits" => r.bits = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "mode" => r.mode = Some(f.read_string(map)?),
+            "bits" => r.bits = Some(f.read_u64(map)?),
             "line_axis" => r.line_axis = Some(map.next_value_seed(Seed(AnyFound))?),
             "block_shape" => {
                 r.block_shape = Some(map.next_value_seed(Seed(U64Array {
@@ -853,9 +853,9 @@ fn build_tensor(
     header: &[u8],
 ) -> Result<RknotTensorInfo> {
     let ctx = "tensor";
-    let name = required(r.name, p, ctx, "name")?;
+    let name = required(r.name, ctx, "name")?;
     names::check_servable(&name)?;
-    let shape = required(r.shape, p, ctx, "shape")?;
+    let shape = required(r.shape, ctx, "shape")?;
     let [d_out, d_in] = shape[..] else {
         return Err(err(
             ErrorKind::BadShape,
@@ -870,7 +870,7 @@ fn build_tensor(
     }
     // The served f32 bytes (d_out * d_in * 4) must fit u64 too.
     mul(mul(d_out, d_in, "d_out * d_in")?, 4, "served size in bytes")?;
-    let (restrict_rows, restrict_cols) = required(r.restricted, p, ctx, "restricted_axes")?;
+    let (restrict_rows, restrict_cols) = required(r.restricted, ctx, "restricted_axes")?;
     for (on, len, axis) in [
         (restrict_rows, d_out, "rows"),
         (restrict_cols, d_in, "cols"),
@@ -886,7 +886,7 @@ fn build_tensor(
             ));
         }
     }
-    let mode = match required(r.mode, p, ctx, "mode")?.as_str() {
+    let mode = match required(r.mode, ctx, "mode")?.as_str() {
         "uniform" => BlockMode::Uniform,
         "graded" => BlockMode::Graded,
         m => {
@@ -896,7 +896,7 @@ fn build_tensor(
             ));
         }
     };
-    let bits = required(r.bits, p, ctx, "bits")?;
+    let bits = required(r.bits, ctx, "bits")?;
     if !(1..=u64::from(MAX_BITS)).contains(&bits) {
         return Err(err(
             ErrorKind::BadValue,
@@ -922,7 +922,7 @@ fn build_tensor(
         }
         None => Axis::Rows,
     };
-    let block_shape = required(r.block_shape, p, ctx, "block_shape")?;
+    let block_shape = required(r.block_shape, ctx, "block_shape")?;
     let [block_rows, block_cols] = block_shape[..] else {
         return Err(err(
             ErrorKind::BadShape,
@@ -951,7 +951,7 @@ fn build_tensor(
         block_rows,
         block_cols,
     };
-    let blocks_raw = required(r.blocks, p, ctx, "blocks")?;
+    let blocks_raw = required(r.blocks, ctx, "blocks")?;
     let mut info = RknotTensorInfo {
         name,
         layer,

@@ -15,9 +15,7 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, mul};
 use crate::format::container::{self, KnotContainer};
-use crate::format::json::{
-    Entries, F64Field, Field, ObjectOf, Parse, Seed, U64Field, required, skip_value,
-};
+use crate::format::json::{Entries, Field, ObjectOf, Parse, Seed, required, skip_value};
 use crate::format::{MAX_TENSORS, too_many_tensors};
 use crate::source::SourceFile;
 
@@ -92,14 +90,14 @@ impl<'de> Entries<'de> for SketchFields<'_> {
         let f = Field::new(self.p, self.ctx, &key);
         let r = &mut self.raw;
         match key.as_str() {
-            "d_out" => r.d_out = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "d_in" => r.d_in = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "rank" => r.rank = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "offset" => r.offset = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "length" => r.length = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "u_max" => r.u_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
-            "sigma_max" => r.sigma_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
-            "v_max" => r.v_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
+            "d_out" => r.d_out = Some(f.read_u64(map)?),
+            "d_in" => r.d_in = Some(f.read_u64(map)?),
+            "rank" => r.rank = Some(f.read_u64(map)?),
+            "offset" => r.offset = Some(f.read_u64(map)?),
+            "length" => r.length = Some(f.read_u64(map)?),
+            "u_max" => r.u_max = Some(f.read_f64(map)?),
+            "sigma_max" => r.sigma_max = Some(f.read_f64(map)?),
+            "v_max" => r.v_max = Some(f.read_f64(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -146,8 +144,8 @@ impl<'de> Entries<'de> for SketchMap<'_> {
 }
 
 /// A float field that must be finite and representable as f32.
-fn finite_f32(x: Option<f64>, p: &Parse, ctx: &str, key: &str) -> Result<f32> {
-    let x = required(x, p, ctx, key)?;
+fn finite_f32(x: Option<f64>, ctx: &str, key: &str) -> Result<f32> {
+    let x = required(x, ctx, key)?;
     let f = x as f32;
     if !f.is_finite() {
         return Err(err(
@@ -200,14 +198,14 @@ impl Sk32File {
         for (name, r) in entries {
             let ctx = format!("sketch {name:?}");
             let parse = || -> Result<SketchInfo> {
-                let d_out = required(r.d_out, &p, &ctx, "d_out")?;
-                let d_in = required(r.d_in, &p, &ctx, "d_in")?;
-                let rank = required(r.rank, &p, &ctx, "rank")?;
-                let offset = required(r.offset, &p, &ctx, "offset")?;
-                let length = required(r.length, &p, &ctx, "length")?;
-                let u_max = finite_f32(r.u_max, &p, &ctx, "u_max")?;
-                let sigma_max = finite_f32(r.sigma_max, &p, &ctx, "sigma_max")?;
-                let v_max = finite_f32(r.v_max, &p, &ctx, "v_max")?;
+                let d_out = required(r.d_out, &ctx, "d_out")?;
+                let d_in = required(r.d_in, &ctx, "d_in")?;
+                let rank = required(r.rank, &ctx, "rank")?;
+                let offset = required(r.offset, &ctx, "offset")?;
+                let length = required(r.length, &ctx, "length")?;
+                let u_max = finite_f32(r.u_max, &ctx, "u_max")?;
+                let sigma_max = finite_f32(r.sigma_max, &ctx, "sigma_max")?;
+                let v_max = finite_f32(r.v_max, &ctx, "v_max")?;
                 if d_out == 0 || d_in == 0 {
                     return Err(err(
                         ErrorKind::BadShape,
