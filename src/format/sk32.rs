@@ -10,13 +10,12 @@
 
 use std::io::Write;
 
-use serde::de::{self, MapAccess};
+use serde::de::MapAccess;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, mul};
-use crate::format::container::{self, KnotContainer};
-use crate::format::json::{Entries, Field, ObjectOf, Parse, Seed, required, skip_value};
-use crate::format::{MAX_TENSORS, too_many_tensors};
+use crate::format::container::{self, KnotContainer, TableEntry};
+use crate::format::json::{Field, required, skip_value};
 use crate::source::SourceFile;
 
 /// One sketch's index entry, validated.
@@ -78,68 +77,24 @@ struct RawSketch {
     v_max: Option<f64>,
 }
 
-struct SketchFields<'a> {
-    p: &'a Parse,
-    ctx: &'a str,
-    raw: RawSketch,
-}
-
-impl<'de> Entries<'de> for SketchFields<'_> {
-    type Value = RawSketch;
-    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
-        let f = Field::new(self.p, self.ctx, &key);
-        let r = &mut self.raw;
-        match key.as_str() {
-            "d_out" => r.d_out = Some(f.read_u64(map)?),
-            "d_in" => r.d_in = Some(f.read_u64(map)?),
-            "rank" => r.rank = Some(f.read_u64(map)?),
-            "offset" => r.offset = Some(f.read_u64(map)?),
-            "length" => r.length = Some(f.read_u64(map)?),
-            "u_max" => r.u_max = Some(f.read_f64(map)?),
-            "sigma_max" => r.sigma_max = Some(f.read_f64(map)?),
-            "v_max" => r.v_max = Some(f.read_f64(map)?),
+impl TableEntry for RawSketch {
+    fn read_field<'de, A: MapAccess<'de>>(
+        &mut self,
+        f: Field<'_>,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        match f.key {
+            "d_out" => self.d_out = Some(f.read_u64(map)?),
+            "d_in" => self.d_in = Some(f.read_u64(map)?),
+            "rank" => self.rank = Some(f.read_u64(map)?),
+            "offset" => self.offset = Some(f.read_u64(map)?),
+            "length" => self.length = Some(f.read_u64(map)?),
+            "u_max" => self.u_max = Some(f.read_f64(map)?),
+            "sigma_max" => self.sigma_max = Some(f.read_f64(map)?),
+            "v_max" => self.v_max = Some(f.read_f64(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
-    }
-    fn done<E: de::Error>(self) -> Result<RawSketch, E> {
-        Ok(self.raw)
-    }
-}
-
-/// The `sketches` map: name -> entry, in file order.
-struct SketchMap<'a> {
-    p: &'a Parse,
-    out: Vec<(String, RawSketch)>,
-}
-
-impl<'de> Entries<'de> for SketchMap<'_> {
-    type Value = Vec<(String, RawSketch)>;
-    fn entry<A: MapAccess<'de>>(&mut self, name: String, map: &mut A) -> Result<(), A::Error> {
-        let p = self.p;
-        if self.out.len() as u64 >= MAX_TENSORS {
-            let e = too_many_tensors("\"sketches\"");
-            return Err(p.fail(e.kind(), e.message()));
-        }
-        let ctx = format!("sketch {name:?}");
-        let raw = map
-            .next_value_seed(Seed(ObjectOf {
-                p,
-                ctx: &ctx,
-                state: SketchFields {
-                    p,
-                    ctx: &ctx,
-                    raw: RawSketch::default(),
-                },
-            }))
-            .inspect_err(|_| {
-                p.blame(&name);
-            })?;
-        self.out.push((name, raw));
-        Ok(())
-    }
-    fn done<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(self.out)
     }
 }
 
@@ -171,29 +126,9 @@ impl Sk32File {
             )));
         }
         let topology = c.meta.topology.clone();
-        let member = c.meta.sketches.as_ref().ok_or_else(|| {
-            wrap(err(
-                ErrorKind::BadJson,
-                "meta_json: missing field \"sketches\"",
-            ))
-        })?;
-        let (json, base) = c.member(member);
-        let p = Parse::default();
-        let entries = p
-            .run(
-                Seed(ObjectOf {
-                    p: &p,
-                    ctx: "meta_json: field \"sketches\"",
-                    state: SketchMap {
-                        p: &p,
-                        out: Vec::new(),
-                    },
-                }),
-                json,
-                base,
-                "meta_json",
-            )
-            .map_err(|e| e.path(path))?;
+        let entries: Vec<(String, RawSketch)> =
+            container::read_table(c, c.meta.sketches.as_ref(), "sketches", "sketch")
+                .map_err(|e| e.path(path))?;
         let mut sketches = Vec::with_capacity(entries.len());
         for (name, r) in entries {
             let ctx = format!("sketch {name:?}");
