@@ -8,7 +8,6 @@
 //! `shape` is outer-first (the last dim is ggml's ne0); offsets are
 //! relative to payload_base; `length` must equal what type and shape imply.
 
-use std::cell::RefCell;
 use std::io::Write;
 
 use serde::de::MapAccess;
@@ -16,8 +15,8 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, product};
 use crate::format::container::{self, KnotContainer, TableEntry};
-use crate::format::json::{Field, MaxLen, Parse, Seed, U64Array, required, skip_value};
-use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
+use crate::format::json::{Field, MaxLen, Seed, U64Array, required, skip_value};
+use crate::format::meta::{Metadata, parse_metadata_at};
 use crate::names;
 use crate::quant::GgmlType;
 use crate::source::SourceFile;
@@ -144,15 +143,7 @@ impl DenseKnotFile {
         let metadata = match &c.meta.metadata {
             Some(m) => {
                 let (json, base) = c.member(m);
-                let p = Parse::default();
-                let budget = RefCell::new(MetaBudget::default());
-                let jm = JsonMeta {
-                    p: &p,
-                    budget: &budget,
-                    header_bytes: c.meta_len,
-                };
-                p.run(Seed(MetadataSeed(jm)), json, base, "meta_json")
-                    .map_err(|e| e.path(path))?
+                parse_metadata_at(json, base, c.meta_len, "meta_json").map_err(|e| e.path(path))?
             }
             None => Metadata::default(),
         };

@@ -254,11 +254,8 @@ impl MetaValue {
             budget: &budget,
             header_bytes: text.len() as u64,
         };
-        let mut de = serde_json::Deserializer::from_slice(&text);
-        Seed(ValueSeed(c))
-            .deserialize(&mut de)
-            .and_then(|v| de.end().map(|()| v))
-            .map_err(|e| strip_offset(p.error(&e, &text, 0, "metadata value")))
+        p.run(Seed(ValueSeed(c)), &text, 0, "metadata value")
+            .map_err(strip_offset)
     }
 }
 
@@ -552,21 +549,20 @@ fn typed<'de, A: MapAccess<'de>>(
     let Some(Some(t)) = ty else {
         return Err(c.fail("metadata object without a string \"type\"".into()));
     };
-    if value.is_none() && raw.is_none() {
-        return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
-    }
+    // A value parsed as it came had its type (and element type) already.
+    let raw = match (value, raw) {
+        (Some(v), _) => return Ok(v),
+        (None, Some(raw)) => raw,
+        (None, None) => {
+            return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
+        }
+    };
     let et = match (t, elem) {
         (MetaType::Array, Some(Some(et))) => Some(et),
         (MetaType::Array, _) => {
             return Err(c.fail("metadata array without a known \"elem_type\"".into()));
         }
         _ => None,
-    };
-    if let Some(v) = value {
-        return Ok(v);
-    }
-    let Some(raw) = raw else {
-        return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
     };
     // The deferred value: a span of the same document, so it borrows.
     let mut de = serde_json::Deserializer::from_str(raw.get());
@@ -629,7 +625,9 @@ struct Scalar<'a> {
 }
 
 impl Scalar<'_> {
-    fn int<E: de::Error>(self, x: i128) -> std::result::Result<MetaValue, E> {
+    /// An integer `x` (JSON value `found`) as the declared type: integer
+    /// types check the range, float types take it, others refuse it.
+    fn int<E: de::Error>(self, x: i128, found: Found) -> std::result::Result<MetaValue, E> {
         let range = || {
             self.c
                 .fail(format!("metadata {} value {x} out of range", self.t.name()))
@@ -645,16 +643,9 @@ impl Scalar<'_> {
             MetaType::I64 => MetaValue::I64(i64::try_from(x).map_err(|_| range())?),
             MetaType::F32 => MetaValue::F32(x as f32),
             MetaType::F64 => MetaValue::F64(x as f64),
-            _ => return Err(self.wrong(Found::U64(0))),
+            MetaType::Bool | MetaType::String | MetaType::Array => return Err(self.wrong(found)),
         };
         self.c.keep(v)
-    }
-
-    fn is_int(&self) -> bool {
-        !matches!(
-            self.t,
-            MetaType::F32 | MetaType::F64 | MetaType::Bool | MetaType::String | MetaType::Array
-        )
     }
 }
 
@@ -671,18 +662,10 @@ impl<'de> Expect<'de> for Scalar<'_> {
         })
     }
     fn on_u64<E: de::Error>(self, v: u64) -> std::result::Result<MetaValue, E> {
-        if self.is_int() || matches!(self.t, MetaType::F32 | MetaType::F64) {
-            self.int(v.into())
-        } else {
-            Err(self.wrong(Found::U64(v)))
-        }
+        self.int(v.into(), Found::U64(v))
     }
     fn on_i64<E: de::Error>(self, v: i64) -> std::result::Result<MetaValue, E> {
-        if self.is_int() || matches!(self.t, MetaType::F32 | MetaType::F64) {
-            self.int(v.into())
-        } else {
-            Err(self.wrong(Found::I64(v)))
-        }
+        self.int(v.into(), Found::I64(v))
     }
     fn on_f64<E: de::Error>(self, v: f64) -> std::result::Result<MetaValue, E> {
         match self.t {
@@ -718,9 +701,15 @@ impl<'de> Expect<'de> for Scalar<'_> {
     }
 }
 
-/// Parse a model-metadata JSON document (an object) with the memory budget
-/// of a `header_bytes` header. Errors carry no file offset.
-pub fn parse_metadata_json(json: &[u8], header_bytes: u64) -> Result<Metadata> {
+/// Parse a model-metadata JSON object `json`, which starts at absolute
+/// offset `base` of a `header_bytes` header (for the memory budget); `what`
+/// names the document in errors.
+pub fn parse_metadata_at(
+    json: &[u8],
+    base: u64,
+    header_bytes: u64,
+    what: &str,
+) -> Result<Metadata> {
     let p = Parse::default();
     let budget = RefCell::new(MetaBudget::default());
     let c = JsonMeta {
@@ -728,8 +717,13 @@ pub fn parse_metadata_json(json: &[u8], header_bytes: u64) -> Result<Metadata> {
         budget: &budget,
         header_bytes,
     };
-    p.run(Seed(MetadataSeed(c)), json, 0, "metadata")
-        .map_err(strip_offset)
+    p.run(Seed(MetadataSeed(c)), json, base, what)
+}
+
+/// Parse a model-metadata JSON document (an object) with the memory budget
+/// of a `header_bytes` header. Errors carry no file offset.
+pub fn parse_metadata_json(json: &[u8], header_bytes: u64) -> Result<Metadata> {
+    parse_metadata_at(json, 0, header_bytes, "metadata").map_err(strip_offset)
 }
 
 /// An ordered set of model key/values (GGUF order is kept).
