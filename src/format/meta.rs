@@ -16,8 +16,9 @@
 use std::cell::RefCell;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::error::{Error, ErrorKind, Result, err};
 use crate::format::json::{Expect, Found, OptStr, Parse, Seed, skip_value};
@@ -205,41 +206,11 @@ impl MetaValue {
         }
     }
 
-    /// Typed JSON form (see module docs).
+    /// Typed JSON form (see module docs; [`TypedJson`] serializes it
+    /// without building a `Value`).
     pub fn to_typed_json(&self) -> Value {
-        match self {
-            MetaValue::Array { elem, values } => json!({
-                "type": "array",
-                "elem_type": elem.name(),
-                "value": values.iter().map(|v| match v {
-                    MetaValue::Array { .. } => v.to_typed_json(),
-                    _ => v.to_plain_json(),
-                }).collect::<Vec<_>>(),
-            }),
-            _ => json!({"type": self.meta_type().name(), "value": self.to_plain_json()}),
-        }
-    }
-
-    /// Plain JSON form of a scalar (floats that JSON cannot hold are strings).
-    pub fn to_plain_json(&self) -> Value {
-        use MetaValue::*;
-        match self {
-            U8(v) => json!(v),
-            I8(v) => json!(v),
-            U16(v) => json!(v),
-            I16(v) => json!(v),
-            U32(v) => json!(v),
-            I32(v) => json!(v),
-            U64(v) => json!(v),
-            I64(v) => json!(v),
-            Bool(v) => json!(v),
-            String(s) => json!(s),
-            F32(v) => float_json(f64::from(*v)),
-            F64(v) => float_json(*v),
-            Array { values, .. } => {
-                Value::Array(values.iter().map(|v| v.to_plain_json()).collect())
-            }
-        }
+        // Serializing into a `Value` cannot fail: every map key is a string.
+        serde_json::to_value(TypedJson(self)).unwrap_or(Value::Null)
     }
 
     /// Parse a typed JSON value, or infer a type for a plain one (see
@@ -259,15 +230,83 @@ impl MetaValue {
     }
 }
 
-fn float_json(v: f64) -> Value {
-    if v.is_finite() {
-        json!(v)
-    } else if v.is_nan() {
-        json!("nan")
-    } else if v > 0.0 {
-        json!("inf")
-    } else {
-        json!("-inf")
+/// A value in its typed JSON form (module docs), serialized directly.
+pub struct TypedJson<'a>(pub &'a MetaValue);
+
+impl Serialize for TypedJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.0 {
+            MetaValue::Array { elem, values } => {
+                let mut m = s.serialize_map(Some(3))?;
+                m.serialize_entry("type", "array")?;
+                m.serialize_entry("elem_type", elem.name())?;
+                m.serialize_entry("value", &TypedElems(values))?;
+                m.end()
+            }
+            v => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("type", v.meta_type().name())?;
+                m.serialize_entry("value", &PlainJson(v))?;
+                m.end()
+            }
+        }
+    }
+}
+
+/// A typed array's elements: plain values, nested arrays typed.
+struct TypedElems<'a>(&'a [MetaValue]);
+
+impl Serialize for TypedElems<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut q = s.serialize_seq(Some(self.0.len()))?;
+        for v in self.0 {
+            match v {
+                MetaValue::Array { .. } => q.serialize_element(&TypedJson(v))?,
+                _ => q.serialize_element(&PlainJson(v))?,
+            }
+        }
+        q.end()
+    }
+}
+
+/// A value in its plain JSON form (floats JSON cannot hold are the strings
+/// `"nan"`, `"inf"`, `"-inf"`).
+struct PlainJson<'a>(&'a MetaValue);
+
+impl Serialize for PlainJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        fn float<S: Serializer>(s: S, v: f64) -> std::result::Result<S::Ok, S::Error> {
+            if v.is_finite() {
+                s.serialize_f64(v)
+            } else if v.is_nan() {
+                s.serialize_str("nan")
+            } else if v > 0.0 {
+                s.serialize_str("inf")
+            } else {
+                s.serialize_str("-inf")
+            }
+        }
+        match self.0 {
+            MetaValue::U8(v) => s.serialize_u8(*v),
+            MetaValue::I8(v) => s.serialize_i8(*v),
+            MetaValue::U16(v) => s.serialize_u16(*v),
+            MetaValue::I16(v) => s.serialize_i16(*v),
+            MetaValue::U32(v) => s.serialize_u32(*v),
+            MetaValue::I32(v) => s.serialize_i32(*v),
+            MetaValue::U64(v) => s.serialize_u64(*v),
+            MetaValue::I64(v) => s.serialize_i64(*v),
+            MetaValue::Bool(v) => s.serialize_bool(*v),
+            MetaValue::String(v) => s.serialize_str(v),
+            MetaValue::F32(v) => float(s, f64::from(*v)),
+            MetaValue::F64(v) => float(s, *v),
+            MetaValue::Array { values, .. } => {
+                let mut q = s.serialize_seq(Some(values.len()))?;
+                for v in values {
+                    q.serialize_element(&PlainJson(v))?;
+                }
+                q.end()
+            }
+        }
     }
 }
 
