@@ -580,7 +580,7 @@ impl<'de> Expect<'de> for LayersSeed<'_> {
                 ctx: &ctx,
                 state: LayerFields {
                     p,
-                    li: out.len(),
+                    lctx: &ctx,
                     raw: RawLayer::default(),
                 },
             }))?;
@@ -602,20 +602,17 @@ struct RawLayer<'de> {
 
 struct LayerFields<'a, 'de> {
     p: &'a Parse,
-    li: usize,
+    /// `layers[i]`.
+    lctx: &'a str,
     raw: RawLayer<'de>,
 }
 
 impl<'de> Entries<'de> for LayerFields<'_, 'de> {
     type Value = RawLayer<'de>;
     fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
-        let p = self.p;
-        let lctx = format!("layers[{}]", self.li);
+        let (p, lctx) = (self.p, self.lctx);
         match key.as_str() {
-            "index" => {
-                let f = Field::new(p, &lctx, "index");
-                self.raw.index = Some(f.read_u64(map)?);
-            }
+            "index" => self.raw.index = Some(Field::new(p, lctx, "index").read_u64(map)?),
             "manifest" => {
                 let m = map
                     .next_value_seed(Seed(ObjectOf {
@@ -1062,49 +1059,49 @@ impl<'de> Expect<'de> for BlocksSeed<'_> {
 }
 
 /// One `[offset, length]` pair.
+#[derive(Clone, Copy)]
 struct Pair<'a> {
     p: &'a Parse,
     bi: u64,
 }
 
-impl<'de> Expect<'de> for Pair<'_> {
-    type Value = (u64, u64);
-    fn wrong<E: de::Error>(self, _: Found) -> E {
+impl Pair<'_> {
+    /// `blocks[i] must be [offset, length]` (BadJson), for any other shape.
+    fn bad<E: de::Error>(self) -> E {
         self.p.fail(
             ErrorKind::BadJson,
             format!("blocks[{}] must be [offset, length]", self.bi),
         )
     }
+}
+
+impl<'de> Expect<'de> for Pair<'_> {
+    type Value = (u64, u64);
+    fn wrong<E: de::Error>(self, _: Found) -> E {
+        self.bad()
+    }
     fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(u64, u64), A::Error> {
-        let bad = || {
-            self.p.fail(
-                ErrorKind::BadJson,
-                format!("blocks[{}] must be [offset, length]", self.bi),
-            )
-        };
-        let first = seq.next_element_seed(Seed(PairElem(self.p, self.bi)))?;
-        let second = seq.next_element_seed(Seed(PairElem(self.p, self.bi)))?;
+        let first = seq.next_element_seed(Seed(PairElem(self)))?;
+        let second = seq.next_element_seed(Seed(PairElem(self)))?;
         match (first, second) {
             (Some(o), Some(l)) => {
                 if seq.next_element::<de::IgnoredAny>()?.is_some() {
-                    return Err(bad());
+                    return Err(self.bad());
                 }
                 Ok((o, l))
             }
-            _ => Err(bad()),
+            _ => Err(self.bad()),
         }
     }
 }
 
-struct PairElem<'a>(&'a Parse, u64);
+/// One number of a pair.
+struct PairElem<'a>(Pair<'a>);
 
 impl<'de> Expect<'de> for PairElem<'_> {
     type Value = u64;
     fn wrong<E: de::Error>(self, _: Found) -> E {
-        self.0.fail(
-            ErrorKind::BadJson,
-            format!("blocks[{}] must be [offset, length]", self.1),
-        )
+        self.0.bad()
     }
     fn on_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
         Ok(v)
