@@ -6,7 +6,7 @@
 //!
 //! Covered: typed/plain metadata JSON (src/format/meta.rs), the array
 //! visitors of src/format/json.rs, non-object table entries in dense .knot
-//! and .rknot headers, GGUF header caps (header size, combined minimum
+//! and .rknot headers, the .rknot layer cap, GGUF header caps (header size, combined minimum
 //! counts) and the metadata memory budget, the writers' refusals, and
 //! opening a directory (src/source.rs). Files are edited with the corpus's
 //! helpers (tests/common/malformed_corpus.rs).
@@ -25,7 +25,9 @@ use rknot::format::gguf::{
 use rknot::format::knot::{KnotTensorOut, write_knot, write_knot_with};
 use rknot::format::meta::meta_budget_limit;
 use rknot::format::meta::{MetaType, MetaValue, Metadata};
-use rknot::format::rknot::{ArchMeta, Coding, LayerOut, Manifest, TensorSpec, write_rknot};
+use rknot::format::rknot::{
+    ArchMeta, Coding, LayerOut, MAX_LAYERS, Manifest, TensorSpec, write_rknot,
+};
 use rknot::format::sk32::{Sketch, write_sk32};
 use rknot::quant::GgmlType;
 use rknot::{Error, ErrorKind};
@@ -339,6 +341,62 @@ fn metadata_object_inside_a_plain_array_is_bad_json() {
 }
 
 #[test]
+fn metadata_unknown_type_or_elem_type_is_bad_json() {
+    knot_metadata_fails(
+        json!({"type": "u128", "value": 1}),
+        &["unknown metadata type \"u128\""],
+    );
+    let want = "metadata array without a known \"elem_type\"";
+    knot_metadata_fails(json!({"type": "array", "value": [1]}), &[want]);
+    knot_metadata_fails(
+        json!({"type": "array", "elem_type": "u128", "value": [1]}),
+        &[want],
+    );
+    // The same when the value comes first (it is kept until the end of the
+    // object).
+    knot_metadata_fails(json!({"value": [1], "type": "array"}), &[want]);
+}
+
+#[test]
+fn metadata_value_before_its_type_is_checked_against_the_type() {
+    knot_metadata_fails(
+        json!({"value": "x", "type": "u32"}),
+        &["metadata u32 value \"x\" is not an integer"],
+    );
+    knot_metadata_fails(
+        json!({"value": [1, 300], "elem_type": "u8", "type": "array"}),
+        &["metadata u8 value 300 out of range"],
+    );
+}
+
+#[test]
+fn metadata_null_is_bad_json() {
+    knot_metadata_fails(json!(null), &["metadata value is null"]);
+    knot_metadata_fails(json!([1, null]), &["metadata value is null"]);
+}
+
+#[test]
+fn metadata_typed_object_with_a_member_twice_is_bad_json() {
+    // A `Value` cannot hold a key twice: the meta JSON text is edited.
+    let (mut meta, payload) = corpus::knot_split(&knot_base()).expect("valid dense .knot");
+    meta["metadata"]["test.key"] = json!({"type": "u32", "value": 1, "again": "u8"});
+    let text = serde_json::to_string(&meta)
+        .expect("meta JSON")
+        .replace("\"again\"", "\"type\"");
+    let (_dir, path) = file_with("twice.knot", &corpus::knot_raw(text.as_bytes(), &payload));
+    let e = open_err(&path);
+    check(
+        &e,
+        &path,
+        ErrorKind::BadJson,
+        &[
+            "metadata key \"test.key\"",
+            "metadata object has \"type\" twice",
+        ],
+    );
+}
+
+#[test]
 fn rknot_arch_metadata_with_a_bad_typed_value_names_the_file_and_key() {
     let bytes = rknot_edited(|h| {
         h["arch_meta"]["metadata"]["test.key"] = json!({"type": "string", "value": 5});
@@ -462,6 +520,26 @@ fn rknot_tensor_entry_that_is_not_an_object_is_bad_json() {
         &["tensor must be a JSON object, found a string"],
     );
     assert_eq!(e.tensor_name(), Some("<unnamed>"), "{e}");
+}
+
+#[test]
+fn rknot_more_layers_than_the_cap_is_too_large() {
+    let bytes = rknot_edited(|h| {
+        let layers = h["layers"].as_array_mut().expect("layers");
+        layers.resize(MAX_LAYERS as usize + 1, json!({}));
+    });
+    let (_dir, path) = file_with("layers.rknot", &bytes);
+    let e = open_err(&path);
+    check(
+        &e,
+        &path,
+        ErrorKind::TooLarge,
+        &[&format!("header: more than {MAX_LAYERS} layers (the cap)")],
+    );
+    // Refused while parsing, where the parser stopped: past the first
+    // layers, inside the header.
+    let at = e.offset().expect("an offset");
+    assert!((10 + 65_536..10 + bytes.len() as u64).contains(&at), "{e}");
 }
 
 // ============================================== 4. GGUF header size caps
