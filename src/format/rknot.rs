@@ -1678,6 +1678,111 @@ pub fn write_rknot<W: Write>(w: &mut W, arch: &ArchMeta, layers: &[LayerOut]) ->
 mod tests {
     use super::*;
 
+    /// [`check_block`] accepts and refuses what [`decode_block`] does, and
+    /// counts exactly the values it would decode to NaN or infinity: every
+    /// mode and line axis, scales that cannot overflow and scales that do
+    /// for some widths and codes.
+    #[test]
+    fn check_block_counts_what_decode_block_makes_non_finite() {
+        let grid = TileGrid {
+            compact_rows: 5,
+            compact_cols: 7,
+            block_rows: 3,
+            block_cols: 4,
+        };
+        let codings = [
+            Coding::Uniform { bits: 1 },
+            Coding::Uniform { bits: 8 },
+            Coding::Uniform { bits: 16 },
+            Coding::Graded {
+                max_bits: 12,
+                line_axis: Axis::Rows,
+                line_bits: vec![0, 3, 12, 1, 7],
+            },
+            Coding::Graded {
+                max_bits: 12,
+                line_axis: Axis::Cols,
+                line_bits: vec![5, 0, 12, 2, 1, 9, 12],
+            },
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut non_finite = 0u64;
+        for coding in &codings {
+            let (mode, bits, line_axis) = match coding {
+                Coding::Uniform { bits } => (BlockMode::Uniform, *bits, Axis::Rows),
+                Coding::Graded {
+                    max_bits,
+                    line_axis,
+                    ..
+                } => (BlockMode::Graded, *max_bits, *line_axis),
+            };
+            let t = RknotTensorInfo {
+                name: "t".into(),
+                layer: 0,
+                d_out: 5,
+                d_in: 7,
+                restrict_rows: false,
+                restrict_cols: false,
+                mode,
+                bits,
+                line_axis,
+                grid,
+                blocks: Vec::new(),
+            };
+            for scale in [0.5f32, -3.0, f32::MAX / 4096.0, f32::MAX / 2.0, f32::MAX] {
+                for b in 0..grid.n_blocks() {
+                    let tile = grid.tile(b);
+                    // Extreme codes (which overflow first) and random ones.
+                    let codes: Vec<u32> = tile_widths(coding, &tile)
+                        .iter()
+                        .map(|&w| match (w, next() % 3) {
+                            (0, _) => 0,
+                            (_, 0) => 0,
+                            (_, 1) => (1 << w) - 1,
+                            _ => next() as u32 & ((1 << w) - 1),
+                        })
+                        .collect();
+                    let bytes = pack_block(coding, &tile, scale, &codes);
+                    let mut out = vec![0f32; (tile.rows * tile.cols) as usize];
+                    decode_block(&t, &tile, &bytes, &mut out).unwrap();
+                    let want = out.iter().filter(|v| !v.is_finite()).count() as u64;
+                    let got = check_block(&t, &tile, &bytes).unwrap();
+                    assert_eq!(got, want, "{coding:?} scale {scale:e} block {b}");
+                    non_finite += got;
+                }
+            }
+            // Blocks decode_block refuses: check_block refuses them too.
+            let tile = grid.tile(0);
+            let codes = vec![0u32; (tile.rows * tile.cols) as usize];
+            let good = pack_block(coding, &tile, 1.0, &codes);
+            let mut nan_scale = good.clone();
+            nan_scale[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            let mut long = good.clone();
+            long.push(0);
+            let mut bad_blocks = vec![nan_scale, long, good[..3].to_vec()];
+            if mode == BlockMode::Graded {
+                // A width over the tensor's bits.
+                let mut wide = good.clone();
+                wide[4] = bits + 1;
+                bad_blocks.push(wide);
+            }
+            for bytes in bad_blocks {
+                let mut out = vec![0f32; (tile.rows * tile.cols) as usize];
+                let d = decode_block(&t, &tile, &bytes, &mut out).unwrap_err();
+                let c = check_block(&t, &tile, &bytes).unwrap_err();
+                assert_eq!((c.kind(), c.message()), (d.kind(), d.message()));
+            }
+        }
+        // The scales above do overflow somewhere: the count was exercised.
+        assert!(non_finite > 0);
+    }
+
     #[test]
     fn bit_stream_round_trip() {
         let widths = [1u8, 16, 3, 0, 7, 8, 13, 2, 16, 5];
