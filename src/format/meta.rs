@@ -212,22 +212,6 @@ impl MetaValue {
         // Serializing into a `Value` cannot fail: every map key is a string.
         serde_json::to_value(TypedJson(self)).unwrap_or(Value::Null)
     }
-
-    /// Parse a typed JSON value, or infer a type for a plain one (see
-    /// [`parse_metadata_json`] for the budget).
-    pub fn from_json(v: &Value) -> Result<MetaValue> {
-        let text = serde_json::to_vec(v)
-            .map_err(|e| bad(format!("metadata value cannot be serialized: {e}")))?;
-        let p = Parse::default();
-        let budget = RefCell::new(MetaBudget::default());
-        let c = JsonMeta {
-            p: &p,
-            budget: &budget,
-            header_bytes: text.len() as u64,
-        };
-        p.run(Seed(ValueSeed(c)), &text, 0, "metadata value")
-            .map_err(strip_offset)
-    }
 }
 
 /// A value in its typed JSON form (module docs), serialized directly.
