@@ -153,11 +153,6 @@ impl Parse {
         }
     }
 
-    /// Whether a failure was recorded.
-    pub fn failed(&self) -> bool {
-        self.failure.borrow().is_some()
-    }
-
     /// Our error for a failed parse of `json`, which starts at absolute file
     /// offset `base`; `what` names the document ("meta_json").
     pub fn error(&self, e: &serde_json::Error, json: &[u8], base: u64, what: &str) -> Error {

@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, ErrorKind, Result, err};
-use crate::format::json::{Expect, Found, OptStr, Parse, Seed, skip_value};
+use crate::format::json::{Expect, Found, OptStr, Parse, Seed, raw_value, skip_value};
 
 /// GGUF metadata value type ids, in GGUF numbering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -342,11 +342,6 @@ impl MetaBudget {
     /// One key/value entry besides its value: the key's `String`.
     pub const ENTRY_BYTES: u64 = std::mem::size_of::<String>() as u64;
 
-    /// Bytes charged so far.
-    pub fn used(&self) -> u64 {
-        self.used
-    }
-
     /// Charge `bytes`. `header_bytes` is the header's size (for GGUF, read
     /// so far); past [`meta_budget_limit`] the message says why.
     pub fn charge(&mut self, bytes: u64, header_bytes: u64) -> std::result::Result<(), String> {
@@ -564,7 +559,7 @@ fn typed<'de, A: MapAccess<'de>>(
                 (Some(Some(t)), _) if t != MetaType::Array => {
                     value = Some(map.next_value_seed(Seed(Scalar { c, t }))?);
                 }
-                _ => raw = Some(map.next_value::<&'de RawValue>()?),
+                _ => raw = Some(raw_value(&mut map)?),
             },
             _ => skip_value(&mut map)?,
         }

@@ -34,7 +34,7 @@ use crate::error::{ErrorKind, Result, add, err, mul};
 use crate::format::container::check_utf8;
 use crate::format::json::{
     AnyFound, Entries, Expect, F32Array, Field, Found, MaxLen, ObjectOf, OptStr, Parse, Seed, Seen,
-    U64Array, required, skip_value,
+    U64Array, raw_value, required, skip_value,
 };
 use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
 use crate::format::{MAX_TENSORS, too_many_tensors};
@@ -506,10 +506,7 @@ impl<'de> Entries<'de> for RootFields<'_, 'de> {
                     },
                 }))?);
             }
-            "layers" => {
-                let v: &'de RawValue = map.next_value()?;
-                self.root.layers = Some(v);
-            }
+            "layers" => self.root.layers = Some(raw_value(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -631,10 +628,7 @@ impl<'de> Entries<'de> for LayerFields<'_, 'de> {
                     })?;
                 self.raw.manifest = Some(m);
             }
-            "tensors" => {
-                let v: &'de RawValue = map.next_value()?;
-                self.raw.tensors = Some(v);
-            }
+            "tensors" => self.raw.tensors = Some(raw_value(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -793,10 +787,7 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
                     increasing: None,
                 }))?);
             }
-            "blocks" => {
-                let v: &'de RawValue = map.next_value()?;
-                r.blocks = Some(v);
-            }
+            "blocks" => r.blocks = Some(raw_value(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
