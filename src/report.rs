@@ -23,7 +23,7 @@ use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Value, json};
 
 use crate::backend::{Availability, Backend, SourceSummary, TensorInfo};
-use crate::format::meta::{MetaValue, Metadata};
+use crate::format::meta::{MetaValue, Metadata, TypedJson};
 use crate::text::{escape, escape_json_text};
 
 /// Metadata arrays with more elements than this (nested arrays counted
@@ -303,89 +303,10 @@ impl Serialize for MetadataJson<'_> {
         for (k, v) in &self.md.entries {
             match self.array_limit {
                 Some(limit) if too_long(v, limit) => m.serialize_entry(k, &summary_json(v))?,
-                _ => m.serialize_entry(k, &Typed(v))?,
+                _ => m.serialize_entry(k, &TypedJson(v))?,
             }
         }
         m.end()
-    }
-}
-
-/// [`MetaValue::to_typed_json`], serialized directly.
-struct Typed<'a>(&'a MetaValue);
-
-impl Serialize for Typed<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            MetaValue::Array { elem, values } => {
-                let mut m = s.serialize_map(Some(3))?;
-                m.serialize_entry("type", "array")?;
-                m.serialize_entry("elem_type", elem.name())?;
-                m.serialize_entry("value", &TypedElems(values))?;
-                m.end()
-            }
-            v => {
-                let mut m = s.serialize_map(Some(2))?;
-                m.serialize_entry("type", v.meta_type().name())?;
-                m.serialize_entry("value", &Plain(v))?;
-                m.end()
-            }
-        }
-    }
-}
-
-/// A typed array's elements: plain values, nested arrays typed.
-struct TypedElems<'a>(&'a [MetaValue]);
-
-impl Serialize for TypedElems<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut q = s.serialize_seq(Some(self.0.len()))?;
-        for v in self.0 {
-            match v {
-                MetaValue::Array { .. } => q.serialize_element(&Typed(v))?,
-                _ => q.serialize_element(&Plain(v))?,
-            }
-        }
-        q.end()
-    }
-}
-
-/// [`MetaValue::to_plain_json`], serialized directly.
-struct Plain<'a>(&'a MetaValue);
-
-impl Serialize for Plain<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        fn float<S: Serializer>(s: S, v: f64) -> Result<S::Ok, S::Error> {
-            if v.is_finite() {
-                s.serialize_f64(v)
-            } else if v.is_nan() {
-                s.serialize_str("nan")
-            } else if v > 0.0 {
-                s.serialize_str("inf")
-            } else {
-                s.serialize_str("-inf")
-            }
-        }
-        match self.0 {
-            MetaValue::U8(v) => s.serialize_u8(*v),
-            MetaValue::I8(v) => s.serialize_i8(*v),
-            MetaValue::U16(v) => s.serialize_u16(*v),
-            MetaValue::I16(v) => s.serialize_i16(*v),
-            MetaValue::U32(v) => s.serialize_u32(*v),
-            MetaValue::I32(v) => s.serialize_i32(*v),
-            MetaValue::U64(v) => s.serialize_u64(*v),
-            MetaValue::I64(v) => s.serialize_i64(*v),
-            MetaValue::Bool(v) => s.serialize_bool(*v),
-            MetaValue::String(v) => s.serialize_str(v),
-            MetaValue::F32(v) => float(s, f64::from(*v)),
-            MetaValue::F64(v) => float(s, *v),
-            MetaValue::Array { values, .. } => {
-                let mut q = s.serialize_seq(Some(values.len()))?;
-                for v in values {
-                    q.serialize_element(&Plain(v))?;
-                }
-                q.end()
-            }
-        }
     }
 }
 

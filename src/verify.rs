@@ -507,3 +507,128 @@ pub fn faults_error(r: &Report) -> Error {
         format!("{} structural fault(s) in {}", r.faults.len(), r.path),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::format::meta::Metadata;
+    use crate::format::rknot::{
+        ArchMeta, Coding, LayerOut, Manifest, TensorSpec, pack_block, write_rknot,
+    };
+    use crate::format::sk32::{Sketch, write_sk32};
+
+    const NAME: &str = "blk.0.attn_q.weight";
+
+    /// A .rknot of one 4x4 tensor (columns restricted to 2 standing
+    /// indices, uniform 8 bits, 2x2 tiles: 2 blocks) whose second block is
+    /// packed with `scale` and the codes 0, 255, 128, 128.
+    fn rknot_file(dir: &Path, scale: f32) -> PathBuf {
+        let manifest = Manifest {
+            d: 4,
+            standing_indices: vec![0, 2],
+            amplitudes: vec![1.0, 0.5],
+            phase_alignment: vec![1.0, 0.75],
+        };
+        let spec = TensorSpec {
+            name: NAME.into(),
+            d_out: 4,
+            d_in: 4,
+            restrict_rows: false,
+            restrict_cols: true,
+            coding: Coding::Uniform { bits: 8 },
+            block_rows: 2,
+            block_cols: 2,
+        };
+        let dense: Vec<f32> = (0..16).map(|i| i as f32 / 16.0 - 0.5).collect();
+        let mut blocks = spec.encode(&manifest, &dense);
+        let tile = spec.grid(&manifest).tile(1);
+        blocks[1] = pack_block(&spec.coding, &tile, scale, &[0, 255, 128, 128]);
+        let arch = ArchMeta {
+            arch: "llama".into(),
+            hidden_dim: 4,
+            num_layers: 1,
+            metadata: Metadata::default(),
+        };
+        let layer = LayerOut {
+            index: 0,
+            manifest,
+            tensors: vec![(spec, blocks)],
+        };
+        let mut bytes = Vec::new();
+        write_rknot(&mut bytes, &arch, &[layer]).unwrap();
+        let path = dir.join("t.rknot");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// An SK32 of one rank-2 4x3 sketch, its maxima set to `max`.
+    fn sk32_file(dir: &Path, max: f32) -> PathBuf {
+        let u = [0.5f32, -1.0, 0.25, 1.0, -0.5, 0.75, 1.0, 0.0];
+        let vt = [1.0f32, -0.5, 0.25, 0.5, 1.0, -1.0];
+        let mut s = Sketch::quantize(NAME, 4, 3, &u, &[2.0, 1.0], &vt);
+        (s.u_max, s.sigma_max, s.v_max) = (max, max, max);
+        let mut bytes = Vec::new();
+        write_sk32(&mut bytes, "test", &[s]).unwrap();
+        let path = dir.join("t.sk32");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// The one fault of `path`'s report: its tensor and message.
+    fn one_fault(path: &Path) -> (Option<String>, String) {
+        let r = verify(path, None).unwrap();
+        assert_eq!(r.faults.len(), 1, "{}", r.to_text());
+        assert!(r.to_text().contains("structure: 1 FAULT(S)"));
+        let f = &r.faults[0];
+        (f.tensor.clone(), f.message.clone())
+    }
+
+    #[test]
+    fn sound_files_have_no_faults() {
+        let dir = tempfile::tempdir().unwrap();
+        for path in [rknot_file(dir.path(), 0.01), sk32_file(dir.path(), 2.0)] {
+            let r = verify(&path, None).unwrap();
+            assert!(r.faults.is_empty(), "{}", r.to_text());
+            assert!(r.to_text().contains("structure: OK"));
+        }
+    }
+
+    #[test]
+    fn rknot_values_that_decode_to_infinity_are_a_fault() {
+        // (0 - 128) * f32::MAX and (255 - 128) * f32::MAX overflow.
+        let dir = tempfile::tempdir().unwrap();
+        let (tensor, message) = one_fault(&rknot_file(dir.path(), f32::MAX));
+        assert_eq!(tensor.as_deref(), Some(NAME));
+        assert_eq!(message, "2 stored values decode to NaN or infinity");
+    }
+
+    #[test]
+    fn rknot_block_the_reader_refuses_is_a_fault_naming_file_tensor_and_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = rknot_file(dir.path(), f32::NAN);
+        let f = RknotFile::read(&SourceFile::open(&path).unwrap()).unwrap();
+        let block_at = f.tensors[0].blocks[1].0;
+        let (tensor, message) = one_fault(&path);
+        assert_eq!(tensor.as_deref(), Some(NAME));
+        for want in [
+            path.display().to_string(),
+            format!("tensor {NAME}: "),
+            format!("at byte {block_at}: "),
+            "block 1: ".into(),
+            "scale".into(),
+        ] {
+            assert!(message.contains(&want), "{want:?} in {message}");
+        }
+    }
+
+    #[test]
+    fn sk32_factors_whose_product_overflows_are_a_fault() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tensor, message) = one_fault(&sk32_file(dir.path(), 1e30));
+        assert_eq!(tensor.as_deref(), Some(NAME));
+        assert!(message.contains("beyond f32"), "{message}");
+        assert!(message.contains("(first: row 0)"), "{message}");
+    }
+}

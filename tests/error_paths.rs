@@ -5,17 +5,20 @@
 //! (for readers) and the problem.
 //!
 //! Covered: typed/plain metadata JSON (src/format/meta.rs), the array
-//! accessors of src/format/json.rs, non-object table entries in dense .knot
-//! and .rknot headers, GGUF header caps (header size, combined minimum
-//! counts, total array elements), the writers' refusals, and opening a
-//! directory (src/source.rs).
+//! visitors of src/format/json.rs, non-object table entries in dense .knot
+//! and .rknot headers, the .rknot layer cap, GGUF header caps (header size, combined minimum
+//! counts) and the metadata memory budget, the writers' refusals, and
+//! opening a directory (src/source.rs). Files are edited with the corpus's
+//! helpers (tests/common/malformed_corpus.rs).
+
+#[path = "common/malformed_corpus.rs"]
+mod corpus;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rknot::backend::{self, Role};
-use rknot::format::container::write_container_header;
 use rknot::format::gguf::{
     MAX_ARRAY_DEPTH, MAX_HEADER_BYTES, MAX_KEY_BYTES, MAX_STRING_BYTES, encode_header, write_gguf,
 };
@@ -23,13 +26,15 @@ use rknot::format::knot::{KnotTensorOut, write_knot, write_knot_with};
 use rknot::format::meta::meta_budget_limit;
 use rknot::format::meta::{MetaType, MetaValue, Metadata};
 use rknot::format::rknot::{
-    ArchMeta, Coding, LayerOut, Manifest, RKNOT_MAGIC, TensorSpec, write_rknot,
+    ArchMeta, Coding, LayerOut, MAX_LAYERS, Manifest, TensorSpec, write_rknot,
 };
 use rknot::format::sk32::{Sketch, write_sk32};
 use rknot::quant::GgmlType;
 use rknot::{Error, ErrorKind};
 use serde_json::{Value, json};
 use tempfile::TempDir;
+
+use corpus::G;
 
 // ------------------------------------------------------------------ helpers
 
@@ -109,15 +114,9 @@ fn knot_base() -> Vec<u8> {
 /// with the crate's container header writer, so padding and codec byte stay
 /// right).
 fn knot_edited(f: impl FnOnce(&mut Value)) -> Vec<u8> {
-    let base = knot_base();
-    let meta_len = u32::from_le_bytes(base[6..10].try_into().expect("4 bytes")) as usize;
-    let mut meta: Value = serde_json::from_slice(&base[10..10 + meta_len]).expect("meta JSON");
-    let payload = &base[((10 + meta_len + 3) & !3) + 1..];
+    let (mut meta, payload) = corpus::knot_split(&knot_base()).expect("valid dense .knot");
     f(&mut meta);
-    let mut v = Vec::new();
-    write_container_header(&mut v, &meta).expect("container header");
-    v.extend_from_slice(payload);
-    v
+    corpus::knot_join(&meta, &payload)
 }
 
 /// Open a dense .knot whose metadata carries `"test.key": value`; it must
@@ -179,46 +178,18 @@ fn rknot_base() -> Vec<u8> {
 
 /// The base .rknot with its header JSON edited by `f`.
 fn rknot_edited(f: impl FnOnce(&mut Value)) -> Vec<u8> {
-    let base = rknot_base();
-    let len = u32::from_le_bytes(base[6..10].try_into().expect("4 bytes")) as usize;
-    let mut h: Value = serde_json::from_slice(&base[10..10 + len]).expect("header JSON");
-    let body = &base[10 + len..];
+    let (mut h, body) = corpus::rknot_split(&rknot_base()).expect("valid .rknot");
     f(&mut h);
-    let header = serde_json::to_vec(&h).expect("serialize header");
-    let mut v = RKNOT_MAGIC.to_vec();
-    v.extend_from_slice(&(header.len() as u32).to_le_bytes());
-    v.extend_from_slice(&header);
-    v.extend_from_slice(body);
-    v
+    corpus::rknot_join(&h, &body)
 }
 
 // --------------------------------------------------------------------- GGUF
 
-/// Little-endian GGUF bytes, built by hand.
-#[derive(Default)]
-struct Gguf(Vec<u8>);
-
-impl Gguf {
-    /// Magic, version 3 and the two counts.
-    fn header(tensor_count: u64, kv_count: u64) -> Self {
-        let mut g = Gguf::default();
-        g.0.extend_from_slice(b"GGUF");
-        g.u32(3).u64(tensor_count).u64(kv_count);
-        g
-    }
-    fn u32(&mut self, v: u32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn str(&mut self, s: &str) -> &mut Self {
-        self.u64(s.len() as u64);
-        self.0.extend_from_slice(s.as_bytes());
-        self
-    }
+/// GGUF bytes built by hand: magic, version 3 and the two counts.
+fn gguf_prefix(tensor_count: u64, kv_count: u64) -> G {
+    let mut g = G::default();
+    g.bytes(b"GGUF").u32(3).u64(tensor_count).u64(kv_count);
+    g
 }
 
 /// Write `bytes` at the start of `name` and extend the file (sparsely, with
@@ -370,6 +341,62 @@ fn metadata_object_inside_a_plain_array_is_bad_json() {
 }
 
 #[test]
+fn metadata_unknown_type_or_elem_type_is_bad_json() {
+    knot_metadata_fails(
+        json!({"type": "u128", "value": 1}),
+        &["unknown metadata type \"u128\""],
+    );
+    let want = "metadata array without a known \"elem_type\"";
+    knot_metadata_fails(json!({"type": "array", "value": [1]}), &[want]);
+    knot_metadata_fails(
+        json!({"type": "array", "elem_type": "u128", "value": [1]}),
+        &[want],
+    );
+    // The same when the value comes first (it is kept until the end of the
+    // object).
+    knot_metadata_fails(json!({"value": [1], "type": "array"}), &[want]);
+}
+
+#[test]
+fn metadata_value_before_its_type_is_checked_against_the_type() {
+    knot_metadata_fails(
+        json!({"value": "x", "type": "u32"}),
+        &["metadata u32 value \"x\" is not an integer"],
+    );
+    knot_metadata_fails(
+        json!({"value": [1, 300], "elem_type": "u8", "type": "array"}),
+        &["metadata u8 value 300 out of range"],
+    );
+}
+
+#[test]
+fn metadata_null_is_bad_json() {
+    knot_metadata_fails(json!(null), &["metadata value is null"]);
+    knot_metadata_fails(json!([1, null]), &["metadata value is null"]);
+}
+
+#[test]
+fn metadata_typed_object_with_a_member_twice_is_bad_json() {
+    // A `Value` cannot hold a key twice: the meta JSON text is edited.
+    let (mut meta, payload) = corpus::knot_split(&knot_base()).expect("valid dense .knot");
+    meta["metadata"]["test.key"] = json!({"type": "u32", "value": 1, "again": "u8"});
+    let text = serde_json::to_string(&meta)
+        .expect("meta JSON")
+        .replace("\"again\"", "\"type\"");
+    let (_dir, path) = file_with("twice.knot", &corpus::knot_raw(text.as_bytes(), &payload));
+    let e = open_err(&path);
+    check(
+        &e,
+        &path,
+        ErrorKind::BadJson,
+        &[
+            "metadata key \"test.key\"",
+            "metadata object has \"type\" twice",
+        ],
+    );
+}
+
+#[test]
 fn rknot_arch_metadata_with_a_bad_typed_value_names_the_file_and_key() {
     let bytes = rknot_edited(|h| {
         h["arch_meta"]["metadata"]["test.key"] = json!({"type": "string", "value": 5});
@@ -495,6 +522,26 @@ fn rknot_tensor_entry_that_is_not_an_object_is_bad_json() {
     assert_eq!(e.tensor_name(), Some("<unnamed>"), "{e}");
 }
 
+#[test]
+fn rknot_more_layers_than_the_cap_is_too_large() {
+    let bytes = rknot_edited(|h| {
+        let layers = h["layers"].as_array_mut().expect("layers");
+        layers.resize(MAX_LAYERS as usize + 1, json!({}));
+    });
+    let (_dir, path) = file_with("layers.rknot", &bytes);
+    let e = open_err(&path);
+    check(
+        &e,
+        &path,
+        ErrorKind::TooLarge,
+        &[&format!("header: more than {MAX_LAYERS} layers (the cap)")],
+    );
+    // Refused while parsing, where the parser stopped: past the first
+    // layers, inside the header.
+    let at = e.offset().expect("an offset");
+    assert!((10 + 65_536..10 + bytes.len() as u64).contains(&at), "{e}");
+}
+
 // ============================================== 4. GGUF header size caps
 
 /// The header cap is reached by reading: two 40 MiB string values, the
@@ -505,14 +552,14 @@ fn gguf_header_past_the_size_cap_is_too_large() {
     let n = 40u64 << 20;
     assert!(n <= MAX_STRING_BYTES);
     let mut layout = Vec::new();
-    let prefix = Gguf::header(0, 2).0;
+    let prefix = gguf_prefix(0, 2).out;
     layout.push((0u64, prefix.clone()));
     let mut pos = prefix.len() as u64;
     for i in 0..2 {
-        let mut kv = Gguf::default();
+        let mut kv = G::default();
         kv.str(&format!("k{i}")).u32(MetaType::String.id()).u64(n);
-        layout.push((pos, kv.0.clone()));
-        pos += kv.0.len() as u64;
+        layout.push((pos, kv.out.clone()));
+        pos += kv.out.len() as u64;
         if i < 1 {
             pos += n;
         }
@@ -541,7 +588,7 @@ fn gguf_header_past_the_size_cap_is_too_large() {
 #[test]
 fn gguf_tensor_and_kv_counts_that_only_together_exceed_the_file_are_truncated() {
     // 3 * 32 = 96 and 7 * 13 = 91 bytes each fit in the 100 left; 187 do not.
-    let mut bytes = Gguf::header(3, 7).0;
+    let mut bytes = gguf_prefix(3, 7).out;
     bytes.resize(bytes.len() + 100, 0);
     let (_dir, path) = file_with("counts.gguf", &bytes);
     let e = open_err(&path);
@@ -564,7 +611,7 @@ fn gguf_tensor_and_kv_counts_that_only_together_exceed_the_header_cap_are_too_la
     // under the 64 MiB cap and in the (sparse) file; together they do not.
     let (tc, kc) = (65_536u64, 5_100_000u64);
     assert!(kc * 13 + 24 <= MAX_HEADER_BYTES && tc * 32 + kc * 13 > MAX_HEADER_BYTES);
-    let prefix = Gguf::header(tc, kc).0;
+    let prefix = gguf_prefix(tc, kc).out;
     let (_dir, path) = sparse_file("counts.gguf", &prefix, 24 + 70_000_000);
     let e = open_err(&path);
     check(
@@ -582,7 +629,7 @@ fn gguf_tensor_and_kv_counts_that_only_together_exceed_the_header_cap_are_too_la
 /// A u8 array of `count` elements under `key`, with the file long enough
 /// (sparse) to hold the elements.
 fn gguf_u8_arrays(arrays: &[(&str, u64)]) -> (TempDir, PathBuf) {
-    let mut g = Gguf::header(0, arrays.len() as u64);
+    let mut g = gguf_prefix(0, arrays.len() as u64);
     let mut total = 0;
     for (i, &(key, count)) in arrays.iter().enumerate() {
         g.str(key)
@@ -591,12 +638,12 @@ fn gguf_u8_arrays(arrays: &[(&str, u64)]) -> (TempDir, PathBuf) {
             .u64(count);
         if i + 1 < arrays.len() {
             // Earlier arrays are read: give them their bytes.
-            g.0.resize(g.0.len() + count as usize, 7);
+            g.out.resize(g.out.len() + count as usize, 7);
         } else {
-            total = g.0.len() as u64 + count;
+            total = g.out.len() as u64 + count;
         }
     }
-    sparse_file("arrays.gguf", &g.0, total + 64)
+    sparse_file("arrays.gguf", &g.out, total + 64)
 }
 
 /// Offset of the count field of the last array `gguf_u8_arrays` writes.

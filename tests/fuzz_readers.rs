@@ -16,7 +16,8 @@
 //! values, value before type, nested arrays) through
 //! `parse_metadata_json`, and GGUFs with random metadata trees, then byte
 //! mutations, through `GgufFile::read`. What parses must survive a
-//! write/parse round trip unchanged.
+//! write/parse round trip unchanged; what a file reader refuses must name
+//! the file and a byte offset.
 //!
 //! - `RKNOT_FUZZ_SECS`: time budget per target (default 2; CI, through
 //!   .ci/run and tools/test.sh, uses 30);
@@ -1300,6 +1301,21 @@ fn typed_text(md: &Metadata) -> String {
     serde_json::to_string(&md.to_json()).unwrap_or_default()
 }
 
+/// A header reader's error must name the file and the byte offset it is
+/// about (rknot's rule: file, tensor and offset; a tensor is named where
+/// the error concerns one, which a random input cannot tell).
+#[track_caller]
+fn assert_located(e: &rknot::Error, path: &Path) {
+    assert_eq!(e.file(), Some(path), "error without its file: {e}");
+    assert!(e.offset().is_some(), "error without a byte offset: {e}");
+}
+
+/// The value, or `None` after checking the error with [`assert_located`].
+#[track_caller]
+fn located<T>(r: rknot::Result<T>, path: &Path) -> Option<T> {
+    r.map_err(|e| assert_located(&e, path)).ok()
+}
+
 /// One case of the parser fuzzer: a file to write (or `None` for the
 /// in-memory metadata parser) and what to do with it.
 fn parsers_case(rng: &mut Rng, path: &Path) {
@@ -1350,12 +1366,12 @@ fn parsers_case(rng: &mut Rng, path: &Path) {
             std::fs::write(path, bytes).expect("write input");
             let src = SourceFile::open(path).expect("open input");
             if knot {
-                if let Ok(c) = read_container(&src) {
+                if let Some(c) = located(read_container(&src), path) {
                     if c.has_sketches() {
-                        let _ = Sk32File::from_container(&src, &c);
+                        located(Sk32File::from_container(&src, &c), path);
                     }
                     if c.has_tensors()
-                        && let Ok(f) = DenseKnotFile::from_container(&src, &c)
+                        && let Some(f) = located(DenseKnotFile::from_container(&src, &c), path)
                     {
                         let text = typed_text(&f.metadata);
                         let back = parse_metadata_json(text.as_bytes(), text.len() as u64)
@@ -1363,7 +1379,7 @@ fn parsers_case(rng: &mut Rng, path: &Path) {
                         assert_eq!(typed_text(&back), text, "metadata round trip");
                     }
                 }
-            } else if let Ok(f) = RknotFile::read(&src) {
+            } else if let Some(f) = located(RknotFile::read(&src), path) {
                 for t in &f.tensors {
                     assert_eq!(t.blocks.len() as u64, t.grid.n_blocks(), "{}", t.name);
                 }
@@ -1423,6 +1439,9 @@ fn parsers_case(rng: &mut Rng, path: &Path) {
             std::fs::write(path, &bytes).expect("write input");
             let src = SourceFile::open(path).expect("open input");
             let r = GgufFile::read(&src);
+            if let Err(e) = &r {
+                assert_located(e, path);
+            }
             if clean {
                 let g = r.expect("a GGUF the writer wrote reads");
                 assert_eq!(typed_text(&g.metadata), typed_text(&md), "GGUF metadata");

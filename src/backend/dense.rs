@@ -212,3 +212,40 @@ impl Backend for DenseBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::open_single;
+    use crate::format::gguf::write_gguf;
+    use crate::format::meta::Metadata;
+
+    #[test]
+    fn read_stored_copies_a_tensors_bytes_and_refuses_outside_them() {
+        let data: Vec<u8> = (0..64u8).collect();
+        let mut bytes = Vec::new();
+        let tensors = [(
+            "output_norm.weight".to_string(),
+            vec![16u64],
+            GgmlType::F32,
+            &data[..],
+        )];
+        write_gguf(&mut bytes, &Metadata::default(), &tensors, 32).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        let b = open_single(&path, Role::Primary).unwrap();
+        let dense = b.as_dense().expect("a GGUF is served by a dense backend");
+        let mut buf = [0u8; 8];
+        dense.read_stored(0, 56, &mut buf).unwrap();
+        assert_eq!(buf, data[56..64]);
+        // Past the tensor's 64 bytes, by one byte or by overflowing u64.
+        for offset in [57, u64::MAX - 4] {
+            let e = dense.read_stored(0, offset, &mut buf).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Range, "{e}");
+            assert_eq!(e.tensor_name(), Some("output_norm.weight"), "{e}");
+        }
+        let e = dense.read_stored(1, 0, &mut buf).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+}

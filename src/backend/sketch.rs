@@ -115,7 +115,7 @@ impl Backend for SketchBackend {
             let (u, rest) = bytes.split_at_mut(u_len);
             let (sig, v) = rest.split_at_mut(rank);
             self.src
-                .read_at(s.offset + row0 * s.rank, u)
+                .read_at(s.u_offset() + row0 * s.rank, u)
                 .map_err(tensor_err)?;
             self.src
                 .read_at(s.sigma_offset(), sig)

@@ -14,7 +14,10 @@ use serde::de::{self, MapAccess};
 use serde_json::Value;
 
 use crate::error::{Error, ErrorKind, Result, add, err};
-use crate::format::json::{Entries, ObjectOf, OptStr, Parse, Seed, is_object, skip_value, span_of};
+use crate::format::json::{
+    Entries, Field, ObjectOf, OptStr, Parse, Seed, is_object, skip_value, span_of,
+};
+use crate::format::{MAX_TENSORS, too_many_tensors};
 use crate::source::SourceFile;
 
 pub const KNOT_MAGIC: &[u8; 4] = b"KNOT";
@@ -145,6 +148,111 @@ pub fn parse_meta_root(json: &[u8], base: u64, what: &str) -> Result<KnotMeta> {
     )
 }
 
+/// An entry of a `name -> object` table of the meta JSON (`sketches` of an
+/// SK32, `tensors` of a dense .knot), as written, before validation:
+/// [`read_table`] fills it field by field.
+pub trait TableEntry: Default {
+    /// Read the value of field `f.key` (the next value of `map`) into
+    /// `self`, or skip it.
+    fn read_field<'de, A: MapAccess<'de>>(
+        &mut self,
+        f: Field<'_>,
+        map: &mut A,
+    ) -> Result<(), A::Error>;
+}
+
+/// The fields of one table entry.
+struct EntryFields<'a, T> {
+    p: &'a Parse,
+    ctx: &'a str,
+    entry: T,
+}
+
+impl<'de, T: TableEntry> Entries<'de> for EntryFields<'_, T> {
+    type Value = T;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        self.entry
+            .read_field(Field::new(self.p, self.ctx, &key), map)
+    }
+    fn done<E: de::Error>(self) -> Result<T, E> {
+        Ok(self.entry)
+    }
+}
+
+/// A table: name -> entry, in file order.
+struct Table<'a, T> {
+    p: &'a Parse,
+    /// The table's member name (`tensors`).
+    key: &'a str,
+    /// What an entry is (`tensor`), for `tensor "name"` in messages.
+    noun: &'a str,
+    out: Vec<(String, T)>,
+}
+
+impl<'de, T: TableEntry> Entries<'de> for Table<'_, T> {
+    type Value = Vec<(String, T)>;
+    fn entry<A: MapAccess<'de>>(&mut self, name: String, map: &mut A) -> Result<(), A::Error> {
+        let p = self.p;
+        if self.out.len() as u64 >= MAX_TENSORS {
+            let e = too_many_tensors(&format!("\"{}\"", self.key));
+            return Err(p.fail(e.kind(), e.message()));
+        }
+        let ctx = format!("{} {name:?}", self.noun);
+        let entry = map
+            .next_value_seed(Seed(ObjectOf {
+                p,
+                ctx: &ctx,
+                state: EntryFields {
+                    p,
+                    ctx: &ctx,
+                    entry: T::default(),
+                },
+            }))
+            .inspect_err(|_| p.blame(&name))?;
+        self.out.push((name, entry));
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(self.out)
+    }
+}
+
+/// Parse the table `key` of the meta JSON (`member`: where the root has
+/// it): its entries in file order, at most [`MAX_TENSORS`]. An error
+/// inside an entry names it (`noun "name"`, and as the tensor) and its byte
+/// offset.
+pub fn read_table<T: TableEntry>(
+    c: &KnotContainer,
+    member: Option<&Member>,
+    key: &str,
+    noun: &str,
+) -> Result<Vec<(String, T)>> {
+    let member = member.ok_or_else(|| {
+        err(
+            ErrorKind::BadJson,
+            format!("meta_json: missing field \"{key}\""),
+        )
+        .at(KNOT_PREFIX_LEN)
+    })?;
+    let (json, base) = c.member(member);
+    let p = Parse::default();
+    p.run(
+        Seed(ObjectOf {
+            p: &p,
+            ctx: &format!("meta_json: field \"{key}\""),
+            state: Table {
+                p: &p,
+                key,
+                noun,
+                out: Vec::new(),
+            },
+        }),
+        json,
+        base,
+        "meta_json",
+    )
+}
+
 /// Offset of the codec byte for a given meta length.
 pub fn codec_offset(meta_len: u64) -> Option<u64> {
     Some(KNOT_PREFIX_LEN.checked_add(meta_len)?.checked_add(3)? & !3)
@@ -203,7 +311,7 @@ pub fn read_container(src: &SourceFile) -> Result<KnotContainer> {
     let meta_json = src.read_vec(KNOT_PREFIX_LEN, meta_len, "meta_json")?;
     let meta =
         parse_meta_root(&meta_json, KNOT_PREFIX_LEN, "meta_json").map_err(|e| e.path(path))?;
-    // meta_len <= 1 GiB, so none of this overflows.
+    // meta_len <= MAX_META_LEN, so none of this overflows.
     let codec_at = (meta_end + 3) & !3;
     if codec_at >= src.len() {
         return Err(err(

@@ -153,11 +153,6 @@ impl Parse {
         }
     }
 
-    /// Whether a failure was recorded.
-    pub fn failed(&self) -> bool {
-        self.failure.borrow().is_some()
-    }
-
     /// Our error for a failed parse of `json`, which starts at absolute file
     /// offset `base`; `what` names the document ("meta_json").
     pub fn error(&self, e: &serde_json::Error, json: &[u8], base: u64, what: &str) -> Error {
@@ -453,40 +448,66 @@ impl<'a> Field<'a> {
         )
     }
 
-    /// `ctx: missing field "key"` (BadJson), for after the object.
-    pub fn missing(&self) -> Error {
-        err(
-            ErrorKind::BadJson,
-            format!("{}: missing field \"{}\"", self.ctx, self.key),
-        )
+    /// The field's value (the next one of `map`): a non-negative integer.
+    pub fn read_u64<'de, A: MapAccess<'de>>(self, map: &mut A) -> Result<u64, A::Error> {
+        map.next_value_seed(Seed(U64Value {
+            f: self,
+            want: "a non-negative integer",
+        }))
+    }
+
+    /// The field's value: any JSON number, as f64.
+    pub fn read_f64<'de, A: MapAccess<'de>>(self, map: &mut A) -> Result<f64, A::Error> {
+        map.next_value_seed(Seed(F64Value {
+            f: self,
+            want: "a number",
+        }))
+    }
+
+    /// The field's value: a string.
+    pub fn read_string<'de, A: MapAccess<'de>>(self, map: &mut A) -> Result<String, A::Error> {
+        map.next_value_seed(Seed(StrValue(self)))
     }
 }
 
-/// A value that must be present: `Some` or the missing-field error.
-pub fn required<T>(v: Option<T>, p: &Parse, ctx: &str, key: &str) -> Result<T> {
-    v.ok_or_else(|| Field::new(p, ctx, key).missing())
+/// A field's value, or `ctx: missing field "key"` (BadJson) when the object
+/// did not have it.
+pub fn required<T>(v: Option<T>, ctx: &str, key: &str) -> Result<T> {
+    v.ok_or_else(|| {
+        err(
+            ErrorKind::BadJson,
+            format!("{ctx}: missing field \"{key}\""),
+        )
+    })
 }
 
-/// A non-negative integer field.
-pub struct U64Field<'a>(pub Field<'a>);
+/// A non-negative integer of field `f` (the field, or an element of it:
+/// `want` is what the message says was wanted).
+struct U64Value<'a> {
+    f: Field<'a>,
+    want: &'static str,
+}
 
-impl<'de> Expect<'de> for U64Field<'_> {
+impl<'de> Expect<'de> for U64Value<'_> {
     type Value = u64;
     fn wrong<E: de::Error>(self, found: Found) -> E {
-        self.0.wrong("a non-negative integer", found)
+        self.f.wrong(self.want, found)
     }
     fn on_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
         Ok(v)
     }
 }
 
-/// A number field (any JSON number, as f64).
-pub struct F64Field<'a>(pub Field<'a>);
+/// Any JSON number of field `f`, as f64 (`want` as for [`U64Value`]).
+struct F64Value<'a> {
+    f: Field<'a>,
+    want: &'static str,
+}
 
-impl<'de> Expect<'de> for F64Field<'_> {
+impl<'de> Expect<'de> for F64Value<'_> {
     type Value = f64;
     fn wrong<E: de::Error>(self, found: Found) -> E {
-        self.0.wrong("a number", found)
+        self.f.wrong(self.want, found)
     }
     fn on_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
         Ok(v as f64)
@@ -500,9 +521,9 @@ impl<'de> Expect<'de> for F64Field<'_> {
 }
 
 /// A string field.
-pub struct StrField<'a>(pub Field<'a>);
+struct StrValue<'a>(Field<'a>);
 
-impl<'de> Expect<'de> for StrField<'_> {
+impl<'de> Expect<'de> for StrValue<'_> {
     type Value = String;
     fn wrong<E: de::Error>(self, found: Found) -> E {
         self.0.wrong("a string", found)
@@ -537,7 +558,10 @@ impl<'de> Expect<'de> for U64Array<'_> {
     }
     fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
         let mut out = Vec::new();
-        while let Some(v) = seq.next_element_seed(Seed(U64Elem(self.f)))? {
+        while let Some(v) = seq.next_element_seed(Seed(U64Value {
+            f: self.f,
+            want: "an array of non-negative integers",
+        }))? {
             if let Some(m) = self.max
                 && out.len() >= m.len
             {
@@ -554,18 +578,6 @@ impl<'de> Expect<'de> for U64Array<'_> {
     }
 }
 
-struct U64Elem<'a>(Field<'a>);
-
-impl<'de> Expect<'de> for U64Elem<'_> {
-    type Value = u64;
-    fn wrong<E: de::Error>(self, found: Found) -> E {
-        self.0.wrong("an array of non-negative integers", found)
-    }
-    fn on_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
-        Ok(v)
-    }
-}
-
 /// An array of finite numbers, kept as f32 (a value that is not finite as
 /// an f32 is a `NonFinite` error).
 pub struct F32Array<'a>(pub Field<'a>);
@@ -577,7 +589,10 @@ impl<'de> Expect<'de> for F32Array<'_> {
     }
     fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<f32>, A::Error> {
         let mut out = Vec::new();
-        while let Some(x) = seq.next_element_seed(Seed(F64Elem(self.0)))? {
+        while let Some(x) = seq.next_element_seed(Seed(F64Value {
+            f: self.0,
+            want: "an array of numbers",
+        }))? {
             let f = x as f32;
             if !f.is_finite() {
                 return Err(self.0.p.fail(
@@ -591,24 +606,6 @@ impl<'de> Expect<'de> for F32Array<'_> {
             out.push(f);
         }
         Ok(out)
-    }
-}
-
-struct F64Elem<'a>(Field<'a>);
-
-impl<'de> Expect<'de> for F64Elem<'_> {
-    type Value = f64;
-    fn wrong<E: de::Error>(self, found: Found) -> E {
-        self.0.wrong("an array of numbers", found)
-    }
-    fn on_u64<E: de::Error>(self, v: u64) -> Result<f64, E> {
-        Ok(v as f64)
-    }
-    fn on_i64<E: de::Error>(self, v: i64) -> Result<f64, E> {
-        Ok(v as f64)
-    }
-    fn on_f64<E: de::Error>(self, v: f64) -> Result<f64, E> {
-        Ok(v)
     }
 }
 
@@ -652,7 +649,10 @@ mod tests {
     fn parse_u64(text: &str) -> Result<u64> {
         let p = Parse::default();
         p.run(
-            Seed(U64Field(Field::new(&p, "sketch \"x\"", "rank"))),
+            Seed(U64Value {
+                f: Field::new(&p, "sketch \"x\"", "rank"),
+                want: "a non-negative integer",
+            }),
             text.as_bytes(),
             100,
             "doc",

@@ -8,20 +8,15 @@
 //! `shape` is outer-first (the last dim is ggml's ne0); offsets are
 //! relative to payload_base; `length` must equal what type and shape imply.
 
-use std::cell::RefCell;
 use std::io::Write;
 
-use serde::de::{self, MapAccess};
+use serde::de::MapAccess;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, product};
-use crate::format::container::{self, KnotContainer};
-use crate::format::json::{
-    Entries, Field, MaxLen, ObjectOf, Parse, Seed, StrField, U64Array, U64Field, required,
-    skip_value,
-};
-use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
-use crate::format::{MAX_TENSORS, too_many_tensors};
+use crate::format::container::{self, KnotContainer, TableEntry};
+use crate::format::json::{Field, MaxLen, Seed, U64Array, required, skip_value};
+use crate::format::meta::{Metadata, parse_metadata_at};
 use crate::names;
 use crate::quant::GgmlType;
 use crate::source::SourceFile;
@@ -102,12 +97,6 @@ struct RawTensor {
     length: Option<u64>,
 }
 
-struct TensorFields<'a> {
-    p: &'a Parse,
-    ctx: &'a str,
-    raw: RawTensor,
-}
-
 /// More dims than this are refused while parsing (before they are kept).
 const SHAPE_PARSE_CAP: MaxLen<'static> = MaxLen {
     len: MAX_DIMS,
@@ -115,64 +104,26 @@ const SHAPE_PARSE_CAP: MaxLen<'static> = MaxLen {
     message: "shape has more than 4 dims: it must have 1 to 4 dims",
 };
 
-impl<'de> Entries<'de> for TensorFields<'_> {
-    type Value = RawTensor;
-    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
-        let f = Field::new(self.p, self.ctx, &key);
-        let r = &mut self.raw;
-        match key.as_str() {
-            "type" => r.ty = Some(map.next_value_seed(Seed(StrField(f)))?),
+impl TableEntry for RawTensor {
+    fn read_field<'de, A: MapAccess<'de>>(
+        &mut self,
+        f: Field<'_>,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        match f.key {
+            "type" => self.ty = Some(f.read_string(map)?),
             "shape" => {
-                r.shape = Some(map.next_value_seed(Seed(U64Array {
+                self.shape = Some(map.next_value_seed(Seed(U64Array {
                     f,
                     max: Some(SHAPE_PARSE_CAP),
                     increasing: None,
                 }))?);
             }
-            "offset" => r.offset = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "length" => r.length = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "offset" => self.offset = Some(f.read_u64(map)?),
+            "length" => self.length = Some(f.read_u64(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
-    }
-    fn done<E: de::Error>(self) -> Result<RawTensor, E> {
-        Ok(self.raw)
-    }
-}
-
-/// The `tensors` map: name -> entry, in file order.
-struct TensorMap<'a> {
-    p: &'a Parse,
-    out: Vec<(String, RawTensor)>,
-}
-
-impl<'de> Entries<'de> for TensorMap<'_> {
-    type Value = Vec<(String, RawTensor)>;
-    fn entry<A: MapAccess<'de>>(&mut self, name: String, map: &mut A) -> Result<(), A::Error> {
-        let p = self.p;
-        if self.out.len() as u64 >= MAX_TENSORS {
-            let e = too_many_tensors("\"tensors\"");
-            return Err(p.fail(e.kind(), e.message()));
-        }
-        let ctx = format!("tensor {name:?}");
-        let raw = map
-            .next_value_seed(Seed(ObjectOf {
-                p,
-                ctx: &ctx,
-                state: TensorFields {
-                    p,
-                    ctx: &ctx,
-                    raw: RawTensor::default(),
-                },
-            }))
-            .inspect_err(|_| {
-                p.blame(&name);
-            })?;
-        self.out.push((name, raw));
-        Ok(())
-    }
-    fn done<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(self.out)
     }
 }
 
@@ -192,46 +143,18 @@ impl DenseKnotFile {
         let metadata = match &c.meta.metadata {
             Some(m) => {
                 let (json, base) = c.member(m);
-                let p = Parse::default();
-                let budget = RefCell::new(MetaBudget::default());
-                let jm = JsonMeta {
-                    p: &p,
-                    budget: &budget,
-                    header_bytes: c.meta_len,
-                };
-                p.run(Seed(MetadataSeed(jm)), json, base, "meta_json")
-                    .map_err(|e| e.path(path))?
+                parse_metadata_at(json, base, c.meta_len, "meta_json").map_err(|e| e.path(path))?
             }
             None => Metadata::default(),
         };
-        let member = c.meta.tensors.as_ref().ok_or_else(|| {
-            wrap(err(
-                ErrorKind::BadJson,
-                "meta_json: missing field \"tensors\"",
-            ))
-        })?;
-        let (json, base) = c.member(member);
-        let p = Parse::default();
-        let entries = p
-            .run(
-                Seed(ObjectOf {
-                    p: &p,
-                    ctx: "meta_json: field \"tensors\"",
-                    state: TensorMap {
-                        p: &p,
-                        out: Vec::new(),
-                    },
-                }),
-                json,
-                base,
-                "meta_json",
-            )
-            .map_err(|e| e.path(path))?;
+        let entries: Vec<(String, RawTensor)> =
+            container::read_table(c, c.meta.tensors.as_ref(), "tensors", "tensor")
+                .map_err(|e| e.path(path))?;
         let mut tensors = Vec::with_capacity(entries.len());
         for (name, r) in entries {
             let ctx = format!("tensor {name:?}");
             let parse = || -> Result<KnotTensorInfo> {
-                let tname = required(r.ty, &p, &ctx, "type")?;
+                let tname = required(r.ty, &ctx, "type")?;
                 let ty = parse_type(&tname).ok_or_else(|| {
                     err(
                         ErrorKind::UnknownType,
@@ -241,7 +164,7 @@ impl DenseKnotFile {
                         ),
                     )
                 })?;
-                let shape = required(r.shape, &p, &ctx, "shape")?;
+                let shape = required(r.shape, &ctx, "shape")?;
                 let n = check_shape(&shape, ty)?;
                 let want = ty.bytes_for(n).ok_or_else(|| {
                     err(
@@ -249,8 +172,8 @@ impl DenseKnotFile {
                         format!("byte size of {n} {ty} elements"),
                     )
                 })?;
-                let offset = required(r.offset, &p, &ctx, "offset")?;
-                let length = required(r.length, &p, &ctx, "length")?;
+                let offset = required(r.offset, &ctx, "offset")?;
+                let length = required(r.length, &ctx, "length")?;
                 if length != want {
                     return Err(err(
                         ErrorKind::LengthMismatch,

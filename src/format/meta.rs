@@ -16,11 +16,12 @@
 use std::cell::RefCell;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::value::RawValue;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::error::{Error, ErrorKind, Result, err};
-use crate::format::json::{Expect, Found, OptStr, Parse, Seed, skip_value};
+use crate::format::json::{Expect, Found, OptStr, Parse, Seed, raw_value, skip_value};
 
 /// GGUF metadata value type ids, in GGUF numbering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -205,72 +206,91 @@ impl MetaValue {
         }
     }
 
-    /// Typed JSON form (see module docs).
+    /// Typed JSON form (see module docs; [`TypedJson`] serializes it
+    /// without building a `Value`).
     pub fn to_typed_json(&self) -> Value {
-        match self {
-            MetaValue::Array { elem, values } => json!({
-                "type": "array",
-                "elem_type": elem.name(),
-                "value": values.iter().map(|v| match v {
-                    MetaValue::Array { .. } => v.to_typed_json(),
-                    _ => v.to_plain_json(),
-                }).collect::<Vec<_>>(),
-            }),
-            _ => json!({"type": self.meta_type().name(), "value": self.to_plain_json()}),
-        }
-    }
-
-    /// Plain JSON form of a scalar (floats that JSON cannot hold are strings).
-    pub fn to_plain_json(&self) -> Value {
-        use MetaValue::*;
-        match self {
-            U8(v) => json!(v),
-            I8(v) => json!(v),
-            U16(v) => json!(v),
-            I16(v) => json!(v),
-            U32(v) => json!(v),
-            I32(v) => json!(v),
-            U64(v) => json!(v),
-            I64(v) => json!(v),
-            Bool(v) => json!(v),
-            String(s) => json!(s),
-            F32(v) => float_json(f64::from(*v)),
-            F64(v) => float_json(*v),
-            Array { values, .. } => {
-                Value::Array(values.iter().map(|v| v.to_plain_json()).collect())
-            }
-        }
-    }
-
-    /// Parse a typed JSON value, or infer a type for a plain one (see
-    /// [`parse_metadata_json`] for the budget).
-    pub fn from_json(v: &Value) -> Result<MetaValue> {
-        let text = serde_json::to_vec(v)
-            .map_err(|e| bad(format!("metadata value cannot be serialized: {e}")))?;
-        let p = Parse::default();
-        let budget = RefCell::new(MetaBudget::default());
-        let c = JsonMeta {
-            p: &p,
-            budget: &budget,
-            header_bytes: text.len() as u64,
-        };
-        let mut de = serde_json::Deserializer::from_slice(&text);
-        Seed(ValueSeed(c))
-            .deserialize(&mut de)
-            .and_then(|v| de.end().map(|()| v))
-            .map_err(|e| strip_offset(p.error(&e, &text, 0, "metadata value")))
+        // Serializing into a `Value` cannot fail: every map key is a string.
+        serde_json::to_value(TypedJson(self)).unwrap_or(Value::Null)
     }
 }
 
-fn float_json(v: f64) -> Value {
-    if v.is_finite() {
-        json!(v)
-    } else if v.is_nan() {
-        json!("nan")
-    } else if v > 0.0 {
-        json!("inf")
-    } else {
-        json!("-inf")
+/// A value in its typed JSON form (module docs), serialized directly.
+pub struct TypedJson<'a>(pub &'a MetaValue);
+
+impl Serialize for TypedJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.0 {
+            MetaValue::Array { elem, values } => {
+                let mut m = s.serialize_map(Some(3))?;
+                m.serialize_entry("type", "array")?;
+                m.serialize_entry("elem_type", elem.name())?;
+                m.serialize_entry("value", &TypedElems(values))?;
+                m.end()
+            }
+            v => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("type", v.meta_type().name())?;
+                m.serialize_entry("value", &PlainJson(v))?;
+                m.end()
+            }
+        }
+    }
+}
+
+/// A typed array's elements: plain values, nested arrays typed.
+struct TypedElems<'a>(&'a [MetaValue]);
+
+impl Serialize for TypedElems<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut q = s.serialize_seq(Some(self.0.len()))?;
+        for v in self.0 {
+            match v {
+                MetaValue::Array { .. } => q.serialize_element(&TypedJson(v))?,
+                _ => q.serialize_element(&PlainJson(v))?,
+            }
+        }
+        q.end()
+    }
+}
+
+/// A value in its plain JSON form (floats JSON cannot hold are the strings
+/// `"nan"`, `"inf"`, `"-inf"`).
+struct PlainJson<'a>(&'a MetaValue);
+
+impl Serialize for PlainJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        fn float<S: Serializer>(s: S, v: f64) -> std::result::Result<S::Ok, S::Error> {
+            if v.is_finite() {
+                s.serialize_f64(v)
+            } else if v.is_nan() {
+                s.serialize_str("nan")
+            } else if v > 0.0 {
+                s.serialize_str("inf")
+            } else {
+                s.serialize_str("-inf")
+            }
+        }
+        match self.0 {
+            MetaValue::U8(v) => s.serialize_u8(*v),
+            MetaValue::I8(v) => s.serialize_i8(*v),
+            MetaValue::U16(v) => s.serialize_u16(*v),
+            MetaValue::I16(v) => s.serialize_i16(*v),
+            MetaValue::U32(v) => s.serialize_u32(*v),
+            MetaValue::I32(v) => s.serialize_i32(*v),
+            MetaValue::U64(v) => s.serialize_u64(*v),
+            MetaValue::I64(v) => s.serialize_i64(*v),
+            MetaValue::Bool(v) => s.serialize_bool(*v),
+            MetaValue::String(v) => s.serialize_str(v),
+            MetaValue::F32(v) => float(s, f64::from(*v)),
+            MetaValue::F64(v) => float(s, *v),
+            MetaValue::Array { values, .. } => {
+                let mut q = s.serialize_seq(Some(values.len()))?;
+                for v in values {
+                    q.serialize_element(&PlainJson(v))?;
+                }
+                q.end()
+            }
+        }
     }
 }
 
@@ -321,11 +341,6 @@ impl MetaBudget {
     pub const VALUE_BYTES: u64 = std::mem::size_of::<MetaValue>() as u64;
     /// One key/value entry besides its value: the key's `String`.
     pub const ENTRY_BYTES: u64 = std::mem::size_of::<String>() as u64;
-
-    /// Bytes charged so far.
-    pub fn used(&self) -> u64 {
-        self.used
-    }
 
     /// Charge `bytes`. `header_bytes` is the header's size (for GGUF, read
     /// so far); past [`meta_budget_limit`] the message says why.
@@ -544,7 +559,7 @@ fn typed<'de, A: MapAccess<'de>>(
                 (Some(Some(t)), _) if t != MetaType::Array => {
                     value = Some(map.next_value_seed(Seed(Scalar { c, t }))?);
                 }
-                _ => raw = Some(map.next_value::<&'de RawValue>()?),
+                _ => raw = Some(raw_value(&mut map)?),
             },
             _ => skip_value(&mut map)?,
         }
@@ -552,21 +567,20 @@ fn typed<'de, A: MapAccess<'de>>(
     let Some(Some(t)) = ty else {
         return Err(c.fail("metadata object without a string \"type\"".into()));
     };
-    if value.is_none() && raw.is_none() {
-        return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
-    }
+    // A value parsed as it came had its type (and element type) already.
+    let raw = match (value, raw) {
+        (Some(v), _) => return Ok(v),
+        (None, Some(raw)) => raw,
+        (None, None) => {
+            return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
+        }
+    };
     let et = match (t, elem) {
         (MetaType::Array, Some(Some(et))) => Some(et),
         (MetaType::Array, _) => {
             return Err(c.fail("metadata array without a known \"elem_type\"".into()));
         }
         _ => None,
-    };
-    if let Some(v) = value {
-        return Ok(v);
-    }
-    let Some(raw) = raw else {
-        return Err(c.fail(format!("metadata {} without \"value\"", t.name())));
     };
     // The deferred value: a span of the same document, so it borrows.
     let mut de = serde_json::Deserializer::from_str(raw.get());
@@ -629,7 +643,9 @@ struct Scalar<'a> {
 }
 
 impl Scalar<'_> {
-    fn int<E: de::Error>(self, x: i128) -> std::result::Result<MetaValue, E> {
+    /// An integer `x` (JSON value `found`) as the declared type: integer
+    /// types check the range, float types take it, others refuse it.
+    fn int<E: de::Error>(self, x: i128, found: Found) -> std::result::Result<MetaValue, E> {
         let range = || {
             self.c
                 .fail(format!("metadata {} value {x} out of range", self.t.name()))
@@ -645,16 +661,9 @@ impl Scalar<'_> {
             MetaType::I64 => MetaValue::I64(i64::try_from(x).map_err(|_| range())?),
             MetaType::F32 => MetaValue::F32(x as f32),
             MetaType::F64 => MetaValue::F64(x as f64),
-            _ => return Err(self.wrong(Found::U64(0))),
+            MetaType::Bool | MetaType::String | MetaType::Array => return Err(self.wrong(found)),
         };
         self.c.keep(v)
-    }
-
-    fn is_int(&self) -> bool {
-        !matches!(
-            self.t,
-            MetaType::F32 | MetaType::F64 | MetaType::Bool | MetaType::String | MetaType::Array
-        )
     }
 }
 
@@ -671,18 +680,10 @@ impl<'de> Expect<'de> for Scalar<'_> {
         })
     }
     fn on_u64<E: de::Error>(self, v: u64) -> std::result::Result<MetaValue, E> {
-        if self.is_int() || matches!(self.t, MetaType::F32 | MetaType::F64) {
-            self.int(v.into())
-        } else {
-            Err(self.wrong(Found::U64(v)))
-        }
+        self.int(v.into(), Found::U64(v))
     }
     fn on_i64<E: de::Error>(self, v: i64) -> std::result::Result<MetaValue, E> {
-        if self.is_int() || matches!(self.t, MetaType::F32 | MetaType::F64) {
-            self.int(v.into())
-        } else {
-            Err(self.wrong(Found::I64(v)))
-        }
+        self.int(v.into(), Found::I64(v))
     }
     fn on_f64<E: de::Error>(self, v: f64) -> std::result::Result<MetaValue, E> {
         match self.t {
@@ -718,9 +719,15 @@ impl<'de> Expect<'de> for Scalar<'_> {
     }
 }
 
-/// Parse a model-metadata JSON document (an object) with the memory budget
-/// of a `header_bytes` header. Errors carry no file offset.
-pub fn parse_metadata_json(json: &[u8], header_bytes: u64) -> Result<Metadata> {
+/// Parse a model-metadata JSON object `json`, which starts at absolute
+/// offset `base` of a `header_bytes` header (for the memory budget); `what`
+/// names the document in errors.
+pub fn parse_metadata_at(
+    json: &[u8],
+    base: u64,
+    header_bytes: u64,
+    what: &str,
+) -> Result<Metadata> {
     let p = Parse::default();
     let budget = RefCell::new(MetaBudget::default());
     let c = JsonMeta {
@@ -728,8 +735,13 @@ pub fn parse_metadata_json(json: &[u8], header_bytes: u64) -> Result<Metadata> {
         budget: &budget,
         header_bytes,
     };
-    p.run(Seed(MetadataSeed(c)), json, 0, "metadata")
-        .map_err(strip_offset)
+    p.run(Seed(MetadataSeed(c)), json, base, what)
+}
+
+/// Parse a model-metadata JSON document (an object) with the memory budget
+/// of a `header_bytes` header. Errors carry no file offset.
+pub fn parse_metadata_json(json: &[u8], header_bytes: u64) -> Result<Metadata> {
+    parse_metadata_at(json, 0, header_bytes, "metadata").map_err(strip_offset)
 }
 
 /// An ordered set of model key/values (GGUF order is kept).

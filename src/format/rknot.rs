@@ -34,7 +34,7 @@ use crate::error::{ErrorKind, Result, add, err, mul};
 use crate::format::container::check_utf8;
 use crate::format::json::{
     AnyFound, Entries, Expect, F32Array, Field, Found, MaxLen, ObjectOf, OptStr, Parse, Seed, Seen,
-    StrField, U64Array, U64Field, required, skip_value,
+    U64Array, raw_value, required, skip_value,
 };
 use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
 use crate::format::{MAX_TENSORS, too_many_tensors};
@@ -90,13 +90,13 @@ impl Manifest {
     }
 
     /// Validate a manifest as parsed.
-    fn from_raw(r: RawManifest, p: &Parse) -> Result<Manifest> {
+    fn from_raw(r: RawManifest) -> Result<Manifest> {
         let ctx = "manifest";
-        let d = required(r.d, p, ctx, "d")?;
-        let k = required(r.k, p, ctx, "k")?;
-        let standing_indices = required(r.standing_indices, p, ctx, "standing_indices")?;
-        let amplitudes = required(r.amplitudes, p, ctx, "amplitudes")?;
-        let phase_alignment = required(r.phase_alignment, p, ctx, "phase_alignment")?;
+        let d = required(r.d, ctx, "d")?;
+        let k = required(r.k, ctx, "k")?;
+        let standing_indices = required(r.standing_indices, ctx, "standing_indices")?;
+        let amplitudes = required(r.amplitudes, ctx, "amplitudes")?;
+        let phase_alignment = required(r.phase_alignment, ctx, "phase_alignment")?;
         if d == 0 {
             return Err(err(ErrorKind::BadValue, "manifest d is 0"));
         }
@@ -419,14 +419,14 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
             ),
         ));
     }
-    let am = required(root.arch_meta, &p, "header", "arch_meta")?;
+    let am = required(root.arch_meta, "header", "arch_meta")?;
     let arch = ArchMeta {
-        arch: required(am.arch, &p, "arch_meta", "arch")?,
-        hidden_dim: required(am.hidden_dim, &p, "arch_meta", "hidden_dim")?,
-        num_layers: required(am.num_layers, &p, "arch_meta", "num_layers")?,
+        arch: required(am.arch, "arch_meta", "arch")?,
+        hidden_dim: required(am.hidden_dim, "arch_meta", "hidden_dim")?,
+        num_layers: required(am.num_layers, "arch_meta", "num_layers")?,
         metadata: am.metadata.unwrap_or_default(),
     };
-    let layers_raw = required(root.layers, &p, "header", "layers")?;
+    let layers_raw = required(root.layers, "header", "layers")?;
     let raw_layers = p.run(
         Seed(LayersSeed { p: &p }),
         layers_raw.get().as_bytes(),
@@ -438,7 +438,7 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
     let mut seen_layers = HashSet::new();
     for (li, rl) in raw_layers.into_iter().enumerate() {
         let lctx = format!("layers[{li}]");
-        let index = required(rl.index, &p, &lctx, "index")?;
+        let index = required(rl.index, &lctx, "index")?;
         if index >= arch.num_layers || !seen_layers.insert(index) {
             return Err(err(
                 ErrorKind::BadValue,
@@ -448,12 +448,12 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
                 ),
             ));
         }
-        let manifest = required(rl.manifest, &p, &lctx, "manifest")
-            .and_then(|m| Manifest::from_raw(m, &p))
+        let manifest = required(rl.manifest, &lctx, "manifest")
+            .and_then(Manifest::from_raw)
             .map_err(|e| e.tensor(&format!("layer {index} manifest")))?;
         let manifest = Arc::new(manifest);
         let layer_pos = layers.len();
-        let traw = required(rl.tensors, &p, &lctx, "tensors")?;
+        let traw = required(rl.tensors, &lctx, "tensors")?;
         let raw_tensors = p.run(
             Seed(TensorsSeed {
                 p: &p,
@@ -506,10 +506,7 @@ impl<'de> Entries<'de> for RootFields<'_, 'de> {
                     },
                 }))?);
             }
-            "layers" => {
-                let v: &'de RawValue = map.next_value()?;
-                self.root.layers = Some(v);
-            }
+            "layers" => self.root.layers = Some(raw_value(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -538,9 +535,9 @@ impl<'de> Entries<'de> for ArchFields<'_> {
         let f = Field::new(self.jm.p, "arch_meta", &key);
         let r = &mut self.raw;
         match key.as_str() {
-            "arch" => r.arch = Some(map.next_value_seed(Seed(StrField(f)))?),
-            "hidden_dim" => r.hidden_dim = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "num_layers" => r.num_layers = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "arch" => r.arch = Some(f.read_string(map)?),
+            "hidden_dim" => r.hidden_dim = Some(f.read_u64(map)?),
+            "num_layers" => r.num_layers = Some(f.read_u64(map)?),
             "metadata" => r.metadata = Some(map.next_value_seed(Seed(MetadataSeed(self.jm)))?),
             _ => skip_value(map)?,
         }
@@ -580,7 +577,7 @@ impl<'de> Expect<'de> for LayersSeed<'_> {
                 ctx: &ctx,
                 state: LayerFields {
                     p,
-                    li: out.len(),
+                    lctx: &ctx,
                     raw: RawLayer::default(),
                 },
             }))?;
@@ -602,20 +599,17 @@ struct RawLayer<'de> {
 
 struct LayerFields<'a, 'de> {
     p: &'a Parse,
-    li: usize,
+    /// `layers[i]`.
+    lctx: &'a str,
     raw: RawLayer<'de>,
 }
 
 impl<'de> Entries<'de> for LayerFields<'_, 'de> {
     type Value = RawLayer<'de>;
     fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
-        let p = self.p;
-        let lctx = format!("layers[{}]", self.li);
+        let (p, lctx) = (self.p, self.lctx);
         match key.as_str() {
-            "index" => {
-                let f = Field::new(p, &lctx, "index");
-                self.raw.index = Some(map.next_value_seed(Seed(U64Field(f)))?);
-            }
+            "index" => self.raw.index = Some(Field::new(p, lctx, "index").read_u64(map)?),
             "manifest" => {
                 let m = map
                     .next_value_seed(Seed(ObjectOf {
@@ -634,10 +628,7 @@ impl<'de> Entries<'de> for LayerFields<'_, 'de> {
                     })?;
                 self.raw.manifest = Some(m);
             }
-            "tensors" => {
-                let v: &'de RawValue = map.next_value()?;
-                self.raw.tensors = Some(v);
-            }
+            "tensors" => self.raw.tensors = Some(raw_value(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -667,8 +658,8 @@ impl<'de> Entries<'de> for ManifestFields<'_> {
         let f = Field::new(self.p, "manifest", &key);
         let r = &mut self.raw;
         match key.as_str() {
-            "d" => r.d = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "k" => r.k = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "d" => r.d = Some(f.read_u64(map)?),
+            "k" => r.k = Some(f.read_u64(map)?),
             "standing_indices" => {
                 // Checked while parsing: an array of repeated small numbers
                 // would otherwise take 8 bytes per 2 bytes of header.
@@ -772,7 +763,7 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
         let r = &mut self.raw;
         match key.as_str() {
             "name" => {
-                let name = map.next_value_seed(Seed(StrField(f)))?;
+                let name = f.read_string(map)?;
                 *self.current.borrow_mut() = Some(name.clone());
                 r.name = Some(name);
             }
@@ -784,8 +775,8 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
                 }))?);
             }
             "restricted_axes" => r.restricted = Some(map.next_value_seed(Seed(Axes(f)))?),
-            "mode" => r.mode = Some(map.next_value_seed(Seed(StrField(f)))?),
-            "bits" => r.bits = Some(map.next_value_seed(Seed(U64Field(f)))?),
+            "mode" => r.mode = Some(f.read_string(map)?),
+            "bits" => r.bits = Some(f.read_u64(map)?),
             "line_axis" => r.line_axis = Some(map.next_value_seed(Seed(AnyFound))?),
             "block_shape" => {
                 r.block_shape = Some(map.next_value_seed(Seed(U64Array {
@@ -796,10 +787,7 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
                     increasing: None,
                 }))?);
             }
-            "blocks" => {
-                let v: &'de RawValue = map.next_value()?;
-                r.blocks = Some(v);
-            }
+            "blocks" => r.blocks = Some(raw_value(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -853,9 +841,9 @@ fn build_tensor(
     header: &[u8],
 ) -> Result<RknotTensorInfo> {
     let ctx = "tensor";
-    let name = required(r.name, p, ctx, "name")?;
+    let name = required(r.name, ctx, "name")?;
     names::check_servable(&name)?;
-    let shape = required(r.shape, p, ctx, "shape")?;
+    let shape = required(r.shape, ctx, "shape")?;
     let [d_out, d_in] = shape[..] else {
         return Err(err(
             ErrorKind::BadShape,
@@ -870,7 +858,7 @@ fn build_tensor(
     }
     // The served f32 bytes (d_out * d_in * 4) must fit u64 too.
     mul(mul(d_out, d_in, "d_out * d_in")?, 4, "served size in bytes")?;
-    let (restrict_rows, restrict_cols) = required(r.restricted, p, ctx, "restricted_axes")?;
+    let (restrict_rows, restrict_cols) = required(r.restricted, ctx, "restricted_axes")?;
     for (on, len, axis) in [
         (restrict_rows, d_out, "rows"),
         (restrict_cols, d_in, "cols"),
@@ -886,7 +874,7 @@ fn build_tensor(
             ));
         }
     }
-    let mode = match required(r.mode, p, ctx, "mode")?.as_str() {
+    let mode = match required(r.mode, ctx, "mode")?.as_str() {
         "uniform" => BlockMode::Uniform,
         "graded" => BlockMode::Graded,
         m => {
@@ -896,7 +884,7 @@ fn build_tensor(
             ));
         }
     };
-    let bits = required(r.bits, p, ctx, "bits")?;
+    let bits = required(r.bits, ctx, "bits")?;
     if !(1..=u64::from(MAX_BITS)).contains(&bits) {
         return Err(err(
             ErrorKind::BadValue,
@@ -922,7 +910,7 @@ fn build_tensor(
         }
         None => Axis::Rows,
     };
-    let block_shape = required(r.block_shape, p, ctx, "block_shape")?;
+    let block_shape = required(r.block_shape, ctx, "block_shape")?;
     let [block_rows, block_cols] = block_shape[..] else {
         return Err(err(
             ErrorKind::BadShape,
@@ -951,7 +939,7 @@ fn build_tensor(
         block_rows,
         block_cols,
     };
-    let blocks_raw = required(r.blocks, p, ctx, "blocks")?;
+    let blocks_raw = required(r.blocks, ctx, "blocks")?;
     let mut info = RknotTensorInfo {
         name,
         layer,
@@ -1062,49 +1050,49 @@ impl<'de> Expect<'de> for BlocksSeed<'_> {
 }
 
 /// One `[offset, length]` pair.
+#[derive(Clone, Copy)]
 struct Pair<'a> {
     p: &'a Parse,
     bi: u64,
 }
 
-impl<'de> Expect<'de> for Pair<'_> {
-    type Value = (u64, u64);
-    fn wrong<E: de::Error>(self, _: Found) -> E {
+impl Pair<'_> {
+    /// `blocks[i] must be [offset, length]` (BadJson), for any other shape.
+    fn bad<E: de::Error>(self) -> E {
         self.p.fail(
             ErrorKind::BadJson,
             format!("blocks[{}] must be [offset, length]", self.bi),
         )
     }
+}
+
+impl<'de> Expect<'de> for Pair<'_> {
+    type Value = (u64, u64);
+    fn wrong<E: de::Error>(self, _: Found) -> E {
+        self.bad()
+    }
     fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(u64, u64), A::Error> {
-        let bad = || {
-            self.p.fail(
-                ErrorKind::BadJson,
-                format!("blocks[{}] must be [offset, length]", self.bi),
-            )
-        };
-        let first = seq.next_element_seed(Seed(PairElem(self.p, self.bi)))?;
-        let second = seq.next_element_seed(Seed(PairElem(self.p, self.bi)))?;
+        let first = seq.next_element_seed(Seed(PairElem(self)))?;
+        let second = seq.next_element_seed(Seed(PairElem(self)))?;
         match (first, second) {
             (Some(o), Some(l)) => {
                 if seq.next_element::<de::IgnoredAny>()?.is_some() {
-                    return Err(bad());
+                    return Err(self.bad());
                 }
                 Ok((o, l))
             }
-            _ => Err(bad()),
+            _ => Err(self.bad()),
         }
     }
 }
 
-struct PairElem<'a>(&'a Parse, u64);
+/// One number of a pair.
+struct PairElem<'a>(Pair<'a>);
 
 impl<'de> Expect<'de> for PairElem<'_> {
     type Value = u64;
     fn wrong<E: de::Error>(self, _: Found) -> E {
-        self.0.fail(
-            ErrorKind::BadJson,
-            format!("blocks[{}] must be [offset, length]", self.1),
-        )
+        self.0.bad()
     }
     fn on_u64<E: de::Error>(self, v: u64) -> Result<u64, E> {
         Ok(v)
@@ -1680,6 +1668,111 @@ pub fn write_rknot<W: Write>(w: &mut W, arch: &ArchMeta, layers: &[LayerOut]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`check_block`] accepts and refuses what [`decode_block`] does, and
+    /// counts exactly the values it would decode to NaN or infinity: every
+    /// mode and line axis, scales that cannot overflow and scales that do
+    /// for some widths and codes.
+    #[test]
+    fn check_block_counts_what_decode_block_makes_non_finite() {
+        let grid = TileGrid {
+            compact_rows: 5,
+            compact_cols: 7,
+            block_rows: 3,
+            block_cols: 4,
+        };
+        let codings = [
+            Coding::Uniform { bits: 1 },
+            Coding::Uniform { bits: 8 },
+            Coding::Uniform { bits: 16 },
+            Coding::Graded {
+                max_bits: 12,
+                line_axis: Axis::Rows,
+                line_bits: vec![0, 3, 12, 1, 7],
+            },
+            Coding::Graded {
+                max_bits: 12,
+                line_axis: Axis::Cols,
+                line_bits: vec![5, 0, 12, 2, 1, 9, 12],
+            },
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut non_finite = 0u64;
+        for coding in &codings {
+            let (mode, bits, line_axis) = match coding {
+                Coding::Uniform { bits } => (BlockMode::Uniform, *bits, Axis::Rows),
+                Coding::Graded {
+                    max_bits,
+                    line_axis,
+                    ..
+                } => (BlockMode::Graded, *max_bits, *line_axis),
+            };
+            let t = RknotTensorInfo {
+                name: "t".into(),
+                layer: 0,
+                d_out: 5,
+                d_in: 7,
+                restrict_rows: false,
+                restrict_cols: false,
+                mode,
+                bits,
+                line_axis,
+                grid,
+                blocks: Vec::new(),
+            };
+            for scale in [0.5f32, -3.0, f32::MAX / 4096.0, f32::MAX / 2.0, f32::MAX] {
+                for b in 0..grid.n_blocks() {
+                    let tile = grid.tile(b);
+                    // Extreme codes (which overflow first) and random ones.
+                    let codes: Vec<u32> = tile_widths(coding, &tile)
+                        .iter()
+                        .map(|&w| match (w, next() % 3) {
+                            (0, _) => 0,
+                            (_, 0) => 0,
+                            (_, 1) => (1 << w) - 1,
+                            _ => next() as u32 & ((1 << w) - 1),
+                        })
+                        .collect();
+                    let bytes = pack_block(coding, &tile, scale, &codes);
+                    let mut out = vec![0f32; (tile.rows * tile.cols) as usize];
+                    decode_block(&t, &tile, &bytes, &mut out).unwrap();
+                    let want = out.iter().filter(|v| !v.is_finite()).count() as u64;
+                    let got = check_block(&t, &tile, &bytes).unwrap();
+                    assert_eq!(got, want, "{coding:?} scale {scale:e} block {b}");
+                    non_finite += got;
+                }
+            }
+            // Blocks decode_block refuses: check_block refuses them too.
+            let tile = grid.tile(0);
+            let codes = vec![0u32; (tile.rows * tile.cols) as usize];
+            let good = pack_block(coding, &tile, 1.0, &codes);
+            let mut nan_scale = good.clone();
+            nan_scale[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            let mut long = good.clone();
+            long.push(0);
+            let mut bad_blocks = vec![nan_scale, long, good[..3].to_vec()];
+            if mode == BlockMode::Graded {
+                // A width over the tensor's bits.
+                let mut wide = good.clone();
+                wide[4] = bits + 1;
+                bad_blocks.push(wide);
+            }
+            for bytes in bad_blocks {
+                let mut out = vec![0f32; (tile.rows * tile.cols) as usize];
+                let d = decode_block(&t, &tile, &bytes, &mut out).unwrap_err();
+                let c = check_block(&t, &tile, &bytes).unwrap_err();
+                assert_eq!((c.kind(), c.message()), (d.kind(), d.message()));
+            }
+        }
+        // The scales above do overflow somewhere: the count was exercised.
+        assert!(non_finite > 0);
+    }
 
     #[test]
     fn bit_stream_round_trip() {

@@ -10,15 +10,12 @@
 
 use std::io::Write;
 
-use serde::de::{self, MapAccess};
+use serde::de::MapAccess;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, mul};
-use crate::format::container::{self, KnotContainer};
-use crate::format::json::{
-    Entries, F64Field, Field, ObjectOf, Parse, Seed, U64Field, required, skip_value,
-};
-use crate::format::{MAX_TENSORS, too_many_tensors};
+use crate::format::container::{self, KnotContainer, TableEntry};
+use crate::format::json::{Field, required, skip_value};
 use crate::source::SourceFile;
 
 /// One sketch's index entry, validated.
@@ -80,74 +77,30 @@ struct RawSketch {
     v_max: Option<f64>,
 }
 
-struct SketchFields<'a> {
-    p: &'a Parse,
-    ctx: &'a str,
-    raw: RawSketch,
-}
-
-impl<'de> Entries<'de> for SketchFields<'_> {
-    type Value = RawSketch;
-    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
-        let f = Field::new(self.p, self.ctx, &key);
-        let r = &mut self.raw;
-        match key.as_str() {
-            "d_out" => r.d_out = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "d_in" => r.d_in = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "rank" => r.rank = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "offset" => r.offset = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "length" => r.length = Some(map.next_value_seed(Seed(U64Field(f)))?),
-            "u_max" => r.u_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
-            "sigma_max" => r.sigma_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
-            "v_max" => r.v_max = Some(map.next_value_seed(Seed(F64Field(f)))?),
+impl TableEntry for RawSketch {
+    fn read_field<'de, A: MapAccess<'de>>(
+        &mut self,
+        f: Field<'_>,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        match f.key {
+            "d_out" => self.d_out = Some(f.read_u64(map)?),
+            "d_in" => self.d_in = Some(f.read_u64(map)?),
+            "rank" => self.rank = Some(f.read_u64(map)?),
+            "offset" => self.offset = Some(f.read_u64(map)?),
+            "length" => self.length = Some(f.read_u64(map)?),
+            "u_max" => self.u_max = Some(f.read_f64(map)?),
+            "sigma_max" => self.sigma_max = Some(f.read_f64(map)?),
+            "v_max" => self.v_max = Some(f.read_f64(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
     }
-    fn done<E: de::Error>(self) -> Result<RawSketch, E> {
-        Ok(self.raw)
-    }
-}
-
-/// The `sketches` map: name -> entry, in file order.
-struct SketchMap<'a> {
-    p: &'a Parse,
-    out: Vec<(String, RawSketch)>,
-}
-
-impl<'de> Entries<'de> for SketchMap<'_> {
-    type Value = Vec<(String, RawSketch)>;
-    fn entry<A: MapAccess<'de>>(&mut self, name: String, map: &mut A) -> Result<(), A::Error> {
-        let p = self.p;
-        if self.out.len() as u64 >= MAX_TENSORS {
-            let e = too_many_tensors("\"sketches\"");
-            return Err(p.fail(e.kind(), e.message()));
-        }
-        let ctx = format!("sketch {name:?}");
-        let raw = map
-            .next_value_seed(Seed(ObjectOf {
-                p,
-                ctx: &ctx,
-                state: SketchFields {
-                    p,
-                    ctx: &ctx,
-                    raw: RawSketch::default(),
-                },
-            }))
-            .inspect_err(|_| {
-                p.blame(&name);
-            })?;
-        self.out.push((name, raw));
-        Ok(())
-    }
-    fn done<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(self.out)
-    }
 }
 
 /// A float field that must be finite and representable as f32.
-fn finite_f32(x: Option<f64>, p: &Parse, ctx: &str, key: &str) -> Result<f32> {
-    let x = required(x, p, ctx, key)?;
+fn finite_f32(x: Option<f64>, ctx: &str, key: &str) -> Result<f32> {
+    let x = required(x, ctx, key)?;
     let f = x as f32;
     if !f.is_finite() {
         return Err(err(
@@ -173,41 +126,21 @@ impl Sk32File {
             )));
         }
         let topology = c.meta.topology.clone();
-        let member = c.meta.sketches.as_ref().ok_or_else(|| {
-            wrap(err(
-                ErrorKind::BadJson,
-                "meta_json: missing field \"sketches\"",
-            ))
-        })?;
-        let (json, base) = c.member(member);
-        let p = Parse::default();
-        let entries = p
-            .run(
-                Seed(ObjectOf {
-                    p: &p,
-                    ctx: "meta_json: field \"sketches\"",
-                    state: SketchMap {
-                        p: &p,
-                        out: Vec::new(),
-                    },
-                }),
-                json,
-                base,
-                "meta_json",
-            )
-            .map_err(|e| e.path(path))?;
+        let entries: Vec<(String, RawSketch)> =
+            container::read_table(c, c.meta.sketches.as_ref(), "sketches", "sketch")
+                .map_err(|e| e.path(path))?;
         let mut sketches = Vec::with_capacity(entries.len());
         for (name, r) in entries {
             let ctx = format!("sketch {name:?}");
             let parse = || -> Result<SketchInfo> {
-                let d_out = required(r.d_out, &p, &ctx, "d_out")?;
-                let d_in = required(r.d_in, &p, &ctx, "d_in")?;
-                let rank = required(r.rank, &p, &ctx, "rank")?;
-                let offset = required(r.offset, &p, &ctx, "offset")?;
-                let length = required(r.length, &p, &ctx, "length")?;
-                let u_max = finite_f32(r.u_max, &p, &ctx, "u_max")?;
-                let sigma_max = finite_f32(r.sigma_max, &p, &ctx, "sigma_max")?;
-                let v_max = finite_f32(r.v_max, &p, &ctx, "v_max")?;
+                let d_out = required(r.d_out, &ctx, "d_out")?;
+                let d_in = required(r.d_in, &ctx, "d_in")?;
+                let rank = required(r.rank, &ctx, "rank")?;
+                let offset = required(r.offset, &ctx, "offset")?;
+                let length = required(r.length, &ctx, "length")?;
+                let u_max = finite_f32(r.u_max, &ctx, "u_max")?;
+                let sigma_max = finite_f32(r.sigma_max, &ctx, "sigma_max")?;
+                let v_max = finite_f32(r.v_max, &ctx, "v_max")?;
                 if d_out == 0 || d_in == 0 {
                     return Err(err(
                         ErrorKind::BadShape,
