@@ -56,7 +56,6 @@
 //!   the next), and it must not hang.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -308,6 +307,10 @@ enum Reservation {
 }
 
 struct State {
+    /// The budget, in bytes.
+    capacity: u64,
+    /// The event counters of [`CacheStats`] (`stats` fills in the rest).
+    counts: CacheStats,
     lru: LruCache<ChunkKey, Entry>,
     bytes_used: u64,
     /// Evicted or never cached chunks that readers still hold, by id.
@@ -386,8 +389,8 @@ impl State {
 
     /// Keep `b` for reuse if the budget has room for it (it is no longer
     /// counted anywhere else), else hand it to `freed`.
-    fn recycle(&mut self, b: Vec<f32>, capacity: u64, freed: &mut Vec<Vec<f32>>) {
-        if self.committed() + buf_bytes(&b) <= capacity {
+    fn recycle(&mut self, b: Vec<f32>, freed: &mut Vec<Vec<f32>>) {
+        if self.committed() + buf_bytes(&b) <= self.capacity {
             self.pool_bytes += buf_bytes(&b);
             self.pool.push(b);
         } else {
@@ -454,6 +457,7 @@ impl State {
     /// Evict `key` (held by nobody): its buffer goes to the pool.
     fn evict(&mut self, key: ChunkKey) {
         let Some(e) = self.lru.pop(&key) else { return };
+        self.counts.evictions += 1;
         self.bytes_used -= e.bytes;
         // Nobody holds it (no lease), so this is the only reference.
         if let Ok(b) = Arc::try_unwrap(e.data) {
@@ -464,8 +468,8 @@ impl State {
 
     /// Get back within the budget after a decode beyond it (an over-budget
     /// escape): pooled buffers first, then chunks nobody holds.
-    fn shrink(&mut self, capacity: u64, evictions: &AtomicU64, freed: &mut Vec<Vec<f32>>) {
-        while self.committed() > capacity {
+    fn shrink(&mut self, freed: &mut Vec<Vec<f32>>) {
+        while self.committed() > self.capacity {
             if let Some(b) = self.pool.pop() {
                 self.pool_bytes -= buf_bytes(&b);
                 freed.push(b);
@@ -475,20 +479,12 @@ impl State {
                 return;
             };
             self.evict(k);
-            evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Budget for a decode of `len` values, making room by dropping pooled
     /// buffers that do not fit and evicting chunks nobody holds.
-    fn reserve(
-        &mut self,
-        len: usize,
-        mode: Mode,
-        capacity: u64,
-        evictions: &AtomicU64,
-        freed: &mut Vec<Vec<f32>>,
-    ) -> Reservation {
+    fn reserve(&mut self, len: usize, mode: Mode, freed: &mut Vec<Vec<f32>>) -> Reservation {
         let need = len as u64 * 4;
         loop {
             if let Some(b) = self.take_pooled(len) {
@@ -499,7 +495,7 @@ impl State {
                     bytes,
                 };
             }
-            if self.committed() + need <= capacity {
+            if self.committed() + need <= self.capacity {
                 self.reserved += need;
                 return Reservation::Granted {
                     buf: None,
@@ -515,7 +511,6 @@ impl State {
             }
             if let Some(k) = self.victim(mode) {
                 self.evict(k);
-                evictions.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             // A chunk larger than the whole budget: alone, or not at all.
@@ -557,20 +552,10 @@ impl State {
 }
 
 struct Inner {
-    capacity: u64,
     state: Mutex<State>,
     /// Signalled when budget may have come free: a decode finished, a
     /// held chunk was returned, the cache was cleared.
     budget: Condvar,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    waits: AtomicU64,
-    budget_waits: AtomicU64,
-    over_budget: AtomicU64,
-    prefetch_refused: AtomicU64,
-    evictions: AtomicU64,
-    bytes_decoded: AtomicU64,
-    decode_errors: AtomicU64,
 }
 
 pub struct BlockCache {
@@ -613,12 +598,12 @@ impl Inner {
                         // Every lease dropped its reference before
                         // returning, so this one is the last.
                         if let Ok(b) = Arc::try_unwrap(e.data) {
-                            s.recycle(b, self.capacity, &mut freed);
+                            s.recycle(b, &mut freed);
                         }
                     }
                 }
             }
-            s.shrink(self.capacity, &self.evictions, &mut freed);
+            s.shrink(&mut freed);
             self.budget_changed(s);
         }
         // Freed outside the lock: freeing a large buffer is a munmap every
@@ -653,7 +638,8 @@ impl Inner {
         // When this reader last saw the budget change, and its change count
         // then: the over-budget escape needs BUDGET_WAIT without any change.
         let mut stalled: Option<(Instant, u64)> = None;
-        let mut over_budget = false;
+        // The budget, when this reader decodes beyond it (logged).
+        let mut over_budget = None;
         let mut freed = Vec::new();
         let granted = loop {
             drop(std::mem::take(&mut freed));
@@ -673,7 +659,7 @@ impl Inner {
                 s.ahead.remove(&key);
                 if let Some(id) = s.lru.get(&key).map(|e| e.id) {
                     if !counted {
-                        self.hits.fetch_add(1, Ordering::Relaxed);
+                        s.counts.hits += 1;
                     }
                     if let Some(d) = s.lease(key, id) {
                         self.leave_queue(&mut s, &mut queued, ticket);
@@ -687,14 +673,14 @@ impl Inner {
             }
             // A read-ahead request counts as a miss only if it decodes.
             if !counted && mode.is_read() {
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                s.counts.misses += 1;
                 counted = true;
             }
             if let Some(slot) = s.in_flight.get(&key) {
                 let slot = slot.clone();
                 self.leave_queue(&mut s, &mut queued, ticket);
+                s.counts.waits += 1;
                 drop(s);
-                self.waits.fetch_add(1, Ordering::Relaxed);
                 let id = Self::wait(&slot)?;
                 drop(slot);
                 let mut s = lock(&self.state);
@@ -715,14 +701,14 @@ impl Inner {
                 .first()
                 .is_none_or(|f| ticket.is_some_and(|t| t <= *f));
             let reservation = match (my_turn, mode) {
-                (true, _) => s.reserve(len, mode, self.capacity, &self.evictions, &mut freed),
+                (true, _) => s.reserve(len, mode, &mut freed),
                 (false, Mode::Read { .. }) => Reservation::Wait,
                 (false, Mode::Prefetch { .. }) => Reservation::Refused,
             };
             match reservation {
                 Reservation::Granted { buf, bytes } => {
                     if !mode.is_read() {
-                        self.misses.fetch_add(1, Ordering::Relaxed);
+                        s.counts.misses += 1;
                     }
                     self.leave_queue(&mut s, &mut queued, ticket);
                     break Granted {
@@ -732,7 +718,7 @@ impl Inner {
                     };
                 }
                 Reservation::Refused => {
-                    self.prefetch_refused.fetch_add(1, Ordering::Relaxed);
+                    s.counts.prefetch_refused += 1;
                     drop(s);
                     return Ok(Fetched::Refused);
                 }
@@ -746,7 +732,7 @@ impl Inner {
                         let t = *ticket.get_or_insert_with(|| s.new_ticket(None));
                         s.waiting.insert(t);
                         queued = true;
-                        self.budget_waits.fetch_add(1, Ordering::Relaxed);
+                        s.counts.budget_waits += 1;
                     }
                     let (since, seen) = match stalled {
                         Some((since, seen)) if seen == s.changes => (since, seen),
@@ -759,8 +745,8 @@ impl Inner {
                         // holding chunks itself gets here (module docs).
                         // Decode beyond the budget rather than hang; logged
                         // below, outside the lock.
-                        self.over_budget.fetch_add(1, Ordering::Relaxed);
-                        over_budget = true;
+                        s.counts.over_budget += 1;
+                        over_budget = Some(s.capacity);
                         self.leave_queue(&mut s, &mut queued, ticket);
                         let need = len as u64 * 4;
                         s.reserved += need;
@@ -780,13 +766,13 @@ impl Inner {
             }
         };
         drop(freed);
-        if over_budget {
+        if let Some(capacity) = over_budget {
             crate::logging::throttled(
                 log::Level::Warn,
                 "cache over budget",
                 format_args!(
-                    "the decoded-chunk budget ({} B) stayed in use for {} ms; decoding beyond it",
-                    self.capacity,
+                    "the decoded-chunk budget ({capacity} B) stayed in use for {} ms; decoding \
+                     beyond it",
                     BUDGET_WAIT.as_millis()
                 ),
             );
@@ -840,8 +826,7 @@ impl Inner {
             s.reserved -= reserved;
             let r = match result {
                 Ok(()) => {
-                    self.bytes_decoded
-                        .fetch_add(len as u64 * 4, Ordering::Relaxed);
+                    s.counts.bytes_decoded += len as u64 * 4;
                     let id = s.next_id;
                     s.next_id += 1;
                     let bytes = buf_bytes(&buf);
@@ -860,7 +845,7 @@ impl Inner {
                         leases: u32::from(read),
                         unread_prefetch: !read,
                     };
-                    if bytes <= self.capacity {
+                    if bytes <= s.capacity {
                         s.bytes_used += bytes;
                         // Single flight: the key was not cached.
                         if let Some((_, old)) = s.lru.push(key, entry) {
@@ -869,7 +854,7 @@ impl Inner {
                                 s.held_bytes += old.bytes;
                                 s.held.insert(old.id, old);
                             } else if let Ok(b) = Arc::try_unwrap(old.data) {
-                                s.recycle(b, self.capacity, &mut freed);
+                                s.recycle(b, &mut freed);
                             }
                         }
                     } else if read {
@@ -878,17 +863,17 @@ impl Inner {
                         s.held.insert(id, entry);
                     } else if let Ok(b) = Arc::try_unwrap(entry.data) {
                         // (Read-ahead never gets such a budget.)
-                        s.recycle(b, self.capacity, &mut freed);
+                        s.recycle(b, &mut freed);
                     }
                     (Ok(id), handout.map(|d| (d, id)))
                 }
                 Err(e) => {
-                    self.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    s.recycle(buf, self.capacity, &mut freed);
+                    s.counts.decode_errors += 1;
+                    s.recycle(buf, &mut freed);
                     (Err((e.kind(), e.to_string())), None)
                 }
             };
-            s.shrink(self.capacity, &self.evictions, &mut freed);
+            s.shrink(&mut freed);
             self.budget_changed(&mut s);
             r
         };
@@ -928,8 +913,9 @@ impl BlockCache {
     pub fn new(capacity_bytes: u64) -> Self {
         BlockCache {
             inner: Arc::new(Inner {
-                capacity: capacity_bytes,
                 state: Mutex::new(State {
+                    capacity: capacity_bytes,
+                    counts: CacheStats::default(),
                     lru: LruCache::unbounded(),
                     bytes_used: 0,
                     held: HashMap::new(),
@@ -947,15 +933,6 @@ impl BlockCache {
                     needed: HashMap::new(),
                 }),
                 budget: Condvar::new(),
-                hits: AtomicU64::new(0),
-                misses: AtomicU64::new(0),
-                waits: AtomicU64::new(0),
-                budget_waits: AtomicU64::new(0),
-                over_budget: AtomicU64::new(0),
-                prefetch_refused: AtomicU64::new(0),
-                evictions: AtomicU64::new(0),
-                bytes_decoded: AtomicU64::new(0),
-                decode_errors: AtomicU64::new(0),
             }),
         }
     }
@@ -1088,49 +1065,39 @@ impl BlockCache {
         let inner = &self.inner;
         let mut freed = Vec::new();
         let mut s = lock(&inner.state);
-        let n = s.lru.len() as u64;
+        s.counts.evictions += s.lru.len() as u64;
         while let Some((_, e)) = s.lru.pop_lru() {
             s.bytes_used -= e.bytes;
             if e.leases > 0 {
                 s.held_bytes += e.bytes;
                 s.held.insert(e.id, e);
             } else if let Ok(b) = Arc::try_unwrap(e.data) {
-                s.recycle(b, inner.capacity, &mut freed);
+                s.recycle(b, &mut freed);
             }
         }
         inner.budget_changed(&mut s);
         drop(s);
         drop(freed);
-        inner.evictions.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> CacheStats {
-        let inner = &self.inner;
-        let s = lock(&inner.state);
+        let s = lock(&self.inner.state);
         CacheStats {
-            capacity: inner.capacity,
+            capacity: s.capacity,
             bytes_used: s.bytes_used,
             pool_bytes: s.pool_bytes,
             bytes_in_flight: s.reserved,
             bytes_held: s.held_bytes,
             chunks: s.lru.len() as u64,
-            hits: inner.hits.load(Ordering::Relaxed),
-            misses: inner.misses.load(Ordering::Relaxed),
-            waits: inner.waits.load(Ordering::Relaxed),
-            budget_waits: inner.budget_waits.load(Ordering::Relaxed),
-            over_budget: inner.over_budget.load(Ordering::Relaxed),
-            prefetch_refused: inner.prefetch_refused.load(Ordering::Relaxed),
-            evictions: inner.evictions.load(Ordering::Relaxed),
-            bytes_decoded: inner.bytes_decoded.load(Ordering::Relaxed),
-            decode_errors: inner.decode_errors.load(Ordering::Relaxed),
             in_flight: s.in_flight.len() as u64,
+            ..s.counts
         }
     }
 }
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn key(t: u32, c: u64) -> ChunkKey {
         ChunkKey {
