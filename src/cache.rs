@@ -55,6 +55,7 @@
 //!   can get there (the daemon's readers drop each chunk before asking for
 //!   the next), and it must not hang.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -137,10 +138,9 @@ pub struct PendingRead<'a> {
     cache: &'a BlockCache,
     /// None when it registered no chunks.
     ticket: Option<Ticket>,
-    keys: Vec<ChunkKey>,
-    /// How many of `keys` it got: when all, dropping it has nothing to
-    /// give up (and does not take the lock).
-    fetched: std::cell::Cell<usize>,
+    /// The registered chunks it has not fetched yet: when none are left,
+    /// dropping it has nothing to give up (and does not take the lock).
+    unfetched: RefCell<Vec<ChunkKey>>,
 }
 
 impl PendingRead<'_> {
@@ -153,8 +153,9 @@ impl PendingRead<'_> {
         decode: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<Chunk> {
         let chunk = self.cache.read(key, len, self.ticket, decode)?;
-        if self.keys.contains(&key) {
-            self.fetched.set(self.fetched.get() + 1);
+        let mut unfetched = self.unfetched.borrow_mut();
+        if let Some(i) = unfetched.iter().position(|k| *k == key) {
+            unfetched.swap_remove(i);
         }
         Ok(chunk)
     }
@@ -162,15 +163,16 @@ impl PendingRead<'_> {
 
 impl Drop for PendingRead<'_> {
     fn drop(&mut self) {
-        if self.fetched.get() >= self.keys.len() {
+        let unfetched = self.unfetched.get_mut();
+        if unfetched.is_empty() {
             return;
         }
         let Some(ticket) = self.ticket else { return };
         let inner = &self.cache.inner;
         let mut s = lock(&inner.state);
         let mut gave_up = false;
-        for k in &self.keys {
-            gave_up |= s.consumed(*k, ticket);
+        for k in unfetched.drain(..) {
+            gave_up |= s.consumed(k, ticket);
         }
         // A read that failed or stopped early: chunks later reads waited
         // for may go now.
@@ -181,7 +183,7 @@ impl Drop for PendingRead<'_> {
 }
 
 /// Which chunk of which tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChunkKey {
     pub tensor: u32,
     pub chunk: u64,
@@ -337,9 +339,10 @@ struct State {
     /// would decode it a second time behind the reader (and evict a chunk
     /// the reader still needs to make room).
     ahead: HashSet<ChunkKey>,
-    /// For each chunk that reads in progress will still fetch, their
-    /// tickets ([`PendingRead`]).
-    needed: HashMap<ChunkKey, Vec<Ticket>>,
+    /// (chunk, ticket) for each chunk that a read in progress will still
+    /// fetch ([`PendingRead`]); by chunk, then ticket, so a chunk's
+    /// earliest read comes first.
+    needed: BTreeSet<(ChunkKey, Ticket)>,
 }
 
 /// A reader's place in line: by `order`, then `id`. `id` is unique to the
@@ -349,6 +352,11 @@ struct State {
 struct Ticket {
     order: u64,
     id: u64,
+}
+
+impl Ticket {
+    /// Before every ticket.
+    const FIRST: Ticket = Ticket { order: 0, id: 0 };
 }
 
 fn buf_bytes(v: &Vec<f32>) -> u64 {
@@ -420,18 +428,18 @@ impl State {
             if e.leases > 0 {
                 continue;
             }
-            let needed = self.needed.get(k);
+            let first_reader = self.first_reader(*k);
             let spare = match mode {
-                Mode::Read { read: Some(t) } => needed.is_some_and(|v| v.iter().any(|r| *r < t)),
+                Mode::Read { read: Some(t) } => first_reader.is_some_and(|r| r < t),
                 Mode::Read { read: None } => false,
                 Mode::Prefetch { reader_at } => {
-                    reader_at == Some(*k) || needed.is_some() || e.unread_prefetch
+                    reader_at == Some(*k) || first_reader.is_some() || e.unread_prefetch
                 }
             };
             if spare {
                 continue;
             }
-            if !e.unread_prefetch && needed.is_none() {
+            if !e.unread_prefetch && first_reader.is_none() {
                 return Some(*k);
             }
             fallback.get_or_insert(*k);
@@ -439,19 +447,17 @@ impl State {
         fallback
     }
 
+    /// The ticket of the earliest read in progress that will still fetch
+    /// `key`, if any.
+    fn first_reader(&self, key: ChunkKey) -> Option<Ticket> {
+        let &(k, t) = self.needed.range((key, Ticket::FIRST)..).next()?;
+        (k == key).then_some(t)
+    }
+
     /// The read with ticket `ticket` got chunk `key` (or gave up on it):
     /// it no longer needs it. Whether it did.
     fn consumed(&mut self, key: ChunkKey, ticket: Ticket) -> bool {
-        let Some(v) = self.needed.get_mut(&key) else {
-            return false;
-        };
-        let before = v.len();
-        v.retain(|t| *t != ticket);
-        let removed = v.len() < before;
-        if v.is_empty() {
-            self.needed.remove(&key);
-        }
-        removed
+        self.needed.remove(&(key, ticket))
     }
 
     /// Evict `key` (held by nobody): its buffer goes to the pool.
@@ -930,7 +936,7 @@ impl BlockCache {
                     next_ticket: 0,
                     changes: 0,
                     ahead: HashSet::new(),
-                    needed: HashMap::new(),
+                    needed: BTreeSet::new(),
                 }),
                 budget: Condvar::new(),
             }),
@@ -999,25 +1005,17 @@ impl BlockCache {
             return PendingRead {
                 cache: self,
                 ticket: None,
-                keys: Vec::new(),
-                fetched: std::cell::Cell::new(0),
+                unfetched: RefCell::default(),
             };
         }
         let mut s = lock(&self.inner.state);
         let ticket = s.new_ticket(order);
-        let mut registered = Vec::new();
-        for k in keys {
-            let v = s.needed.entry(k).or_default();
-            if !v.contains(&ticket) {
-                v.push(ticket);
-                registered.push(k);
-            }
-        }
+        // Each chunk once, however often `keys` names it.
+        let registered = keys.filter(|&k| s.needed.insert((k, ticket))).collect();
         PendingRead {
             cache: self,
             ticket: Some(ticket),
-            keys: registered,
-            fetched: std::cell::Cell::new(0),
+            unfetched: RefCell::new(registered),
         }
     }
 
@@ -1549,6 +1547,20 @@ mod tests {
         });
         let st = cache.stats();
         assert_eq!((st.budget_waits, st.over_budget), (1, 0), "{st:?}");
+    }
+
+    #[test]
+    fn a_read_that_fetches_one_chunk_twice_still_gives_up_the_others() {
+        // Registered chunks 0 and 1, fetched chunk 0 twice and never chunk
+        // 1: dropping the read must still give up chunk 1, or later reads
+        // would spare (and wait for) it for ever.
+        let cache = BlockCache::new(4 * 400);
+        let read = cache.begin_read(None, [key(7, 0), key(7, 1)]);
+        for _ in 0..2 {
+            drop(read.get_or_decode(key(7, 0), 100, fill(0.0)).unwrap());
+        }
+        drop(read);
+        assert!(lock(&cache.inner.state).needed.is_empty());
     }
 
     #[test]
