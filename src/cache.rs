@@ -264,14 +264,8 @@ impl Mode {
 enum Fetched {
     /// A reader's chunk.
     Chunk(Chunk),
-    /// Read-ahead decoded the chunk into the cache.
-    Decoded,
-    /// Read-ahead found the chunk cached or in flight.
-    Present,
-    /// Read-ahead found no budget.
-    Refused,
-    /// Read-ahead found that a reader asked for the chunk first.
-    Passed,
+    /// What a read-ahead request did.
+    Ahead(Prefetched),
 }
 
 /// What a read-ahead request did ([`BlockCache::prefetch`]).
@@ -654,10 +648,10 @@ impl Inner {
                 // Checked under the same lock as the decode starts: a
                 // reader that comes later finds it in flight and waits.
                 if !s.ahead.remove(&key) {
-                    return Ok(Fetched::Passed);
+                    return Ok(Fetched::Ahead(Prefetched::Passed));
                 }
                 if s.lru.contains(&key) || s.in_flight.contains_key(&key) {
-                    return Ok(Fetched::Present);
+                    return Ok(Fetched::Ahead(Prefetched::Present));
                 }
             } else {
                 // This reader got here first: a read-ahead request for the
@@ -726,7 +720,7 @@ impl Inner {
                 Reservation::Refused => {
                     s.counts.prefetch_refused += 1;
                     drop(s);
-                    return Ok(Fetched::Refused);
+                    return Ok(Fetched::Ahead(Prefetched::NoBudget));
                 }
                 Reservation::Wait if !freed.is_empty() => {
                     // Free what reserve let go first (outside the lock),
@@ -889,7 +883,7 @@ impl Inner {
         match (outcome, chunk) {
             (Err((kind, msg)), _) => Err(Error::new(kind, msg)),
             (Ok(_), Some((data, id))) => Ok(Fetched::Chunk(self.chunk(data, key, id))),
-            (Ok(_), None) => Ok(Fetched::Decoded),
+            (Ok(_), None) => Ok(Fetched::Ahead(Prefetched::Decoded)),
         }
     }
 
@@ -1050,10 +1044,9 @@ impl BlockCache {
     ) -> Result<Prefetched> {
         let mode = Mode::Prefetch { reader_at };
         Ok(match self.inner.fetch(key, len, mode, decode)? {
-            Fetched::Decoded => Prefetched::Decoded,
-            Fetched::Refused => Prefetched::NoBudget,
-            Fetched::Passed => Prefetched::Passed,
-            Fetched::Present | Fetched::Chunk(_) => Prefetched::Present,
+            Fetched::Ahead(p) => p,
+            // (Read-ahead gets no chunk.)
+            Fetched::Chunk(_) => Prefetched::Present,
         })
     }
 
