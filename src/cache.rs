@@ -376,14 +376,23 @@ impl State {
 
     /// A pooled buffer for `len` values: the smallest that holds them, and
     /// not more than twice their size (a 16 MiB buffer must not be spent
-    /// on a 2 KiB chunk).
+    /// on a 2 KiB chunk). One of exactly that size (the usual case: chunks
+    /// of one size) ends the search: after a `drop-cache` of a large cache
+    /// of small chunks the pool holds tens of thousands of buffers, and
+    /// every miss searches it with the lock held.
     fn take_pooled(&mut self, len: usize) -> Option<Vec<f32>> {
-        let (i, _) = self
-            .pool
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
-            .min_by_key(|(_, b)| b.capacity())?;
+        let mut best: Option<(usize, usize)> = None;
+        for (i, b) in self.pool.iter().enumerate() {
+            let cap = b.capacity();
+            if cap < len || cap / 2 > len || best.is_some_and(|(_, c)| c <= cap) {
+                continue;
+            }
+            best = Some((i, cap));
+            if cap == len {
+                break;
+            }
+        }
+        let (i, _) = best?;
         let b = self.pool.swap_remove(i);
         self.pool_bytes -= buf_bytes(&b);
         Some(b)
