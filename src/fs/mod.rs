@@ -453,7 +453,13 @@ impl TensorFs {
                 size,
             ))),
             ROOT_INO | JOBS_DIR_INO => Err(libc::EISDIR),
-            _ if self.ctl.is_open(fh) => Ok(ReadData::Owned(self.read_ctl(fh, offset, size)?)),
+            // Control files, from their handle's snapshot. The inode is
+            // checked first: a tensor read takes no lock of ctl's.
+            _ if (matches!(ino, CTL_INO | CTL_JSON_INO) || ino >= JOB_INO_BASE)
+                && self.ctl.is_open(fh) =>
+            {
+                Ok(ReadData::Owned(self.read_ctl(fh, offset, size)?))
+            }
             _ if self.is_live(ino) => Err(libc::EBADF),
             _ => {
                 let node = self.node(ino).ok_or(libc::ENOENT)?;
