@@ -776,14 +776,12 @@ impl Inner {
         };
         drop(freed);
         if let Some(capacity) = over_budget {
-            crate::logging::throttled(
+            crate::logging::throttled!(
                 log::Level::Warn,
                 "cache over budget",
-                format_args!(
-                    "the decoded-chunk budget ({capacity} B) stayed in use for {} ms; decoding \
-                     beyond it",
-                    BUDGET_WAIT.as_millis()
-                ),
+                "the decoded-chunk budget ({capacity} B) stayed in use for {} ms; decoding \
+                 beyond it",
+                BUDGET_WAIT.as_millis(),
             );
         }
         self.decode_into(key, len, mode, granted, decode)

@@ -192,10 +192,10 @@ impl TensorFs {
                 };
                 // One line per file and kind of error per window: a reader
                 // retrying a bad block must not flood the log.
-                crate::logging::throttled(
+                crate::logging::throttled!(
                     log::Level::Error,
                     &format!("read error {what} {:?}", e.kind()),
-                    format_args!("read of {size} bytes at {offset} of {what}: {e}"),
+                    "read of {size} bytes at {offset} of {what}: {e}",
                 );
                 Err(e.errno())
             }
