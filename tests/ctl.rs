@@ -14,12 +14,8 @@ use common::mount::{Mounted, fuse_available};
 use common::users::test_user;
 use common::*;
 
-fn ctl_json(m: &Mounted) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(m.path("ctl.json")).unwrap()).unwrap()
-}
-
 fn last_error(m: &Mounted) -> String {
-    ctl_json(m)["last_error"]
+    m.ctl_json()["last_error"]
         .as_str()
         .unwrap_or_default()
         .to_string()
@@ -133,7 +129,7 @@ fn only_root_and_the_daemon_user_may_command() {
         "the user's write went through: {stderr}"
     );
     assert!(stderr.contains("Permission denied"), "{stderr}");
-    assert!(ctl_json(&m)["jobs"].as_array().unwrap().is_empty());
+    assert!(m.ctl_json()["jobs"].as_array().unwrap().is_empty());
     assert_eq!(std::fs::read(&secret).unwrap(), b"root only");
     assert!(
         m.log().contains(&format!("command from uid {} ", user.uid)),
@@ -174,7 +170,7 @@ fn ctl_reads_come_from_one_snapshot_per_open() {
             .take(20)
             .collect();
         assert_eq!(tensors.len(), 20);
-        let before = ctl_json(&m)["reads"]["total"].as_u64().unwrap();
+        let before = m.ctl_json()["reads"]["total"].as_u64().unwrap();
         for t in &tensors {
             uncached(&m.mp.join(t));
         }
@@ -205,7 +201,7 @@ fn ctl_reads_come_from_one_snapshot_per_open() {
             assert!(total <= before + 1, "rendered at open: {text}");
         }
         // A new open sees the new state.
-        let fresh = ctl_json(&m);
+        let fresh = m.ctl_json();
         assert!(fresh["reads"]["total"].as_u64().unwrap() >= before + 20);
     }
 }
@@ -246,7 +242,7 @@ fn ctl_commands_are_lines_checked_whole() {
         errno(open().write_all(b"encode knot out=a.knot\nfrobnicate\n")),
         Some(libc::EINVAL)
     );
-    assert!(ctl_json(&m)["jobs"].as_array().unwrap().is_empty());
+    assert!(m.ctl_json()["jobs"].as_array().unwrap().is_empty());
     let e = last_error(&m);
     assert!(
         e.contains("line 2") && e.contains("nothing in this write was run"),
@@ -274,9 +270,9 @@ fn ctl_commands_are_lines_checked_whole() {
     {
         let mut f = open();
         f.write_all(b"encode knot out=b.knot").unwrap();
-        assert!(ctl_json(&m)["jobs"].as_array().unwrap().is_empty());
+        assert!(m.ctl_json()["jobs"].as_array().unwrap().is_empty());
     }
-    let jobs_now = ctl_json(&m)["jobs"].clone();
+    let jobs_now = m.ctl_json()["jobs"].clone();
     assert_eq!(jobs_now.as_array().unwrap().len(), 1, "{jobs_now}");
     assert_eq!(jobs_now[0]["command"], "encode knot out=b.knot");
     // A bad last line without newline: close() reports it.
@@ -291,7 +287,7 @@ fn ctl_commands_are_lines_checked_whole() {
     );
     // Nothing but the finished output in the jobs directory.
     for _ in 0..600 {
-        if ctl_json(&m)["jobs"][0]["state"] == "done" {
+        if m.ctl_json()["jobs"][0]["state"] == "done" {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
@@ -356,5 +352,5 @@ fn opens_and_failed_reads_do_not_flood_the_log() {
         m.log()
     );
     // (The kernel's read-ahead adds a few failing reads of its own.)
-    assert!(ctl_json(&m)["reads"]["errors"].as_u64().unwrap() >= 2000);
+    assert!(m.ctl_json()["reads"]["errors"].as_u64().unwrap() >= 2000);
 }

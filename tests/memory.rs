@@ -62,23 +62,8 @@ fn synthetic_gguf(dir: &Path, tensors: usize, elems: u64, types: &[GgmlType]) ->
     path
 }
 
-fn ctl_json(m: &Mounted) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(m.path("ctl.json")).unwrap()).unwrap()
-}
-
 fn drop_cache(m: &Mounted) {
     std::fs::write(m.path("ctl"), "drop-cache\n").unwrap();
-}
-
-/// A field of the daemon's /proc/PID/status, in KiB (VmHWM: peak RSS).
-fn status_kib(m: &Mounted, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", m.pid())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{}/status", m.pid()))
 }
 
 /// Read a whole file with `bs`-byte reads; returns the bytes read.
@@ -183,10 +168,10 @@ fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
             // A new mount each run: the page cache must not serve the file.
             let m = Mounted::new(&model, &args);
             drop_cache(&m);
-            let before = ctl_json(&m);
+            let before = m.ctl_json();
             let read = read_all(&m.path("t0.weight.f32"), 128 << 10);
             assert_eq!(read, 64 * MIB);
-            let after = ctl_json(&m);
+            let after = m.ctl_json();
             let delta = |section: &str, key: &str| {
                 after[section][key].as_u64().unwrap() - before[section][key].as_u64().unwrap()
             };
@@ -243,7 +228,7 @@ fn peak_rss_stays_within_the_formula_with_large_chunks() {
     let (cache_mb, threads, prefetch_threads, chunk_kb) = (64u64, 16u64, 4u64, 16384u64);
     let opts = format!("chunk_kb={chunk_kb},threads={threads},prefetch_threads={prefetch_threads}");
     let m = Mounted::new(&model, &["--cache-mb", &cache_mb.to_string(), "-o", &opts]);
-    let fixed_kib = status_kib(&m, "VmHWM");
+    let fixed_kib = m.peak_rss_kib();
     let files: Vec<PathBuf> = (0..16)
         .map(|i| m.path(&format!("t{i}.weight.f32")))
         .collect();
@@ -261,8 +246,8 @@ fn peak_rss_stays_within_the_formula_with_large_chunks() {
             }
         });
     }
-    let peak_kib = status_kib(&m, "VmHWM");
-    let j = ctl_json(&m);
+    let peak_kib = m.peak_rss_kib();
+    let j = m.ctl_json();
     assert_eq!(j["cache"]["decode_errors"].as_u64(), Some(0));
     // The documented bound (docs/OPERATIONS.md, --cache-mb): every decoded
     // chunk buffer (cached, being decoded, held by a reply, recycled)

@@ -14,16 +14,6 @@ use rknot::format::gguf::write_gguf;
 use rknot::format::meta::{MetaValue, Metadata};
 use rknot::quant::GgmlType;
 
-/// Peak RSS of process `pid` in KiB (VmHWM).
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// A GGUF with `n` one-element F32 tensors `t.<i>.weight`.
 fn many_tensors(path: &Path, n: usize) {
     let data = 1f32.to_le_bytes();
@@ -78,7 +68,7 @@ fn many_tiny_tensors_mount_list_and_index_in_bounded_memory() {
     }
     assert_eq!(pieces, index_bytes);
     assert!(names >= 2 * n, "{names}");
-    let rss_mib = peak_rss_kib(m.pid()) / 1024;
+    let rss_mib = m.peak_rss_kib() / 1024;
     eprintln!(
         "{n} tensors: mounted in {mount_s:.2} s, {names} names, index.json {} B, daemon peak RSS {rss_mib} MiB",
         index_bytes.len()

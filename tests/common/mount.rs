@@ -135,6 +135,33 @@ impl Mounted {
     pub fn ctl(&self) -> String {
         std::fs::read_to_string(self.path("ctl")).unwrap()
     }
+
+    /// `ctl.json`, parsed (each call opens it: a fresh snapshot).
+    pub fn ctl_json(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.path("ctl.json")).unwrap()).unwrap()
+    }
+
+    /// The daemon's peak RSS so far (VmHWM of /proc/PID/status), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let pid = self.pid();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no VmHWM in /proc/{pid}/status"))
+    }
+}
+
+/// `fusermount3 -u -z`: detach what a test left mounted at `mp` (clean-up;
+/// errors are ignored).
+fn unmount_lazily(mp: &Path) {
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mp)
+        .status();
 }
 
 impl Drop for Mounted {
@@ -149,11 +176,7 @@ impl Drop for Mounted {
             }
         }
         if is_mounted(&self.mp) {
-            let _ = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&self.mp)
-                .status();
+            unmount_lazily(&self.mp);
         }
     }
 }
@@ -226,11 +249,7 @@ impl Drop for MountGuard {
             }
         }
         if is_mounted(&self.mp) {
-            let _ = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&self.mp)
-                .status();
+            unmount_lazily(&self.mp);
         }
     }
 }
