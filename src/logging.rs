@@ -5,11 +5,14 @@
 //!   binary) with a format that escapes control characters in every
 //!   message ([`crate::text::escape`]): a tensor name or a `ctl` command can
 //!   never forge a log line or drive a terminal that tails the log.
-//! - [`throttled`] logs an event at most once per [`THROTTLE_WINDOW`] per
+//! - [`throttled!`] logs an event at most once per [`THROTTLE_WINDOW`] per
 //!   key and counts the rest; the count is reported with the next line of
 //!   that key ("... (and N more like it in the last 10 s)") or by
 //!   [`flush_throttled`] (unmount). A reader retrying a bad block a million
 //!   times, or a source that changed under the mount, costs a few lines.
+//!   Its lines carry the caller's module as their target, as `log`'s own
+//!   macros do (so `RUST_LOG=rknot::fs=debug` and the log's `[... target]`
+//!   column name where the event happened).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -124,22 +127,34 @@ fn global() -> &'static Throttle {
     T.get_or_init(|| Throttle::new(THROTTLE_WINDOW))
 }
 
-/// Log `msg` at `level` unless an event of `key` was logged less than
-/// [`THROTTLE_WINDOW`] ago (then it is only counted).
-pub fn throttled(level: log::Level, key: &str, msg: impl std::fmt::Display) {
-    if !log::log_enabled!(level) {
+/// Log `msg` at `level` with target `target` unless an event of `key` was
+/// logged less than [`THROTTLE_WINDOW`] ago (then it is only counted).
+/// Called through [`throttled!`], which passes the caller's module.
+pub fn throttled_at(target: &str, level: log::Level, key: &str, msg: impl std::fmt::Display) {
+    if !log::log_enabled!(target: target, level) {
         return;
     }
     match global().check_at(key, Instant::now()) {
         Verdict::Suppress => {}
-        Verdict::Log { suppressed: 0 } => log::log!(level, "{msg}"),
+        Verdict::Log { suppressed: 0 } => log::log!(target: target, level, "{msg}"),
         Verdict::Log { suppressed } => log::log!(
+            target: target,
             level,
             "{msg} (and {suppressed} more like it in the last {} s)",
             THROTTLE_WINDOW.as_secs()
         ),
     }
 }
+
+/// `throttled!(level, key, "format", args...)`: log like `log::log!` (the
+/// caller's module is the target) unless an event of `key` was logged less
+/// than [`THROTTLE_WINDOW`] ago (then it is only counted).
+macro_rules! throttled {
+    ($level:expr, $key:expr, $($arg:tt)+) => {
+        $crate::logging::throttled_at(module_path!(), $level, $key, format_args!($($arg)+))
+    };
+}
+pub(crate) use throttled;
 
 /// Report every count still pending (at unmount), one line per key.
 pub fn flush_throttled() {

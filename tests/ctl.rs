@@ -326,6 +326,15 @@ fn opens_and_failed_reads_do_not_flood_the_log() {
         "2000 failed reads added {added} log lines:\n{}",
         m.log()
     );
+    // The rate-limited line names the module where the read failed as its
+    // target (as log's macros do), not the rate limiter's.
+    assert!(
+        m.log()
+            .lines()
+            .any(|l| l.contains(" rknot::fs::read] read of ")),
+        "{}",
+        m.log()
+    );
     // (The kernel's read-ahead adds a few failing reads of its own.)
     assert!(m.ctl_json()["reads"]["errors"].as_u64().unwrap() >= 2000);
 }

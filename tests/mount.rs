@@ -666,14 +666,7 @@ fn memory_stays_bounded_while_streaming() {
             }
         }
     }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", m.pid())).unwrap();
-    let hwm_kb: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let hwm_kb = m.peak_rss_kib();
     assert!(
         streamed > 30 * (cache_mb << 20),
         "streamed only {streamed} bytes"

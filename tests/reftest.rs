@@ -295,14 +295,14 @@ fn mounted_reads_match_the_reference() {
     let mut runner = proptest::test_runner::TestRunner::new(config(6));
     let strategy = (0..SOURCES.len(), 1u64..6, steps());
     runner
-        .run(&strategy, |(source, cache_chunks, threads)| {
+        .run(&strategy, |(source, cache_mb, threads)| {
             let (src, dense) = SOURCES[source];
             let chunk = 16 * 1024u64;
             let mut args = vec![
                 "--views".to_string(),
                 "f32,f16,bf16".to_string(),
                 "-o".to_string(),
-                format!("chunk_kb=16,cache_mb={}", cache_chunks.max(1)),
+                format!("chunk_kb=16,cache_mb={cache_mb}"),
             ];
             if let Some(d) = dense {
                 args.push("--dense".into());

@@ -129,15 +129,13 @@ impl TensorFs {
     }
 
     fn refuse(&self, caller: Caller) {
-        crate::logging::throttled(
+        crate::logging::throttled!(
             log::Level::Warn,
             &format!("ctl refused uid {}", caller.uid),
-            format_args!(
-                "ctl: command from uid {} (pid {}) refused: only {} may command this mount",
-                caller.uid,
-                caller.pid,
-                self.ctl.commanders()
-            ),
+            "ctl: command from uid {} (pid {}) refused: only {} may command this mount",
+            caller.uid,
+            caller.pid,
+            self.ctl.commanders(),
         );
     }
 

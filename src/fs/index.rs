@@ -52,18 +52,18 @@ fn tensor_value(b: &dyn Backend, i: usize, formats: &[ElemFormat], served: bool)
 /// separator that follows it unless it is the last.
 fn render_element(v: &Value, last: bool) -> Vec<u8> {
     let text = serde_json::to_string_pretty(v).unwrap_or_default();
-    let mut out = Vec::with_capacity(text.len() + 64);
+    let mut out = String::with_capacity(text.len() + 64);
     for (n, line) in text.split('\n').enumerate() {
         if n > 0 {
-            out.push(b'\n');
+            out.push('\n');
         }
-        out.extend_from_slice(ELEMENT_INDENT.as_bytes());
-        out.extend_from_slice(line.as_bytes());
+        out.push_str(ELEMENT_INDENT);
+        out.push_str(line);
     }
     if !last {
-        out.extend_from_slice(b",\n");
+        out.push_str(",\n");
     }
-    crate::text::escape_json_text(String::from_utf8(out).unwrap_or_default()).into_bytes()
+    crate::text::escape_json_text(out).into_bytes()
 }
 
 fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> Value {

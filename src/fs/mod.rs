@@ -12,10 +12,14 @@
 //! - `index.json`: every tensor (names, shape, stored type, source, sizes),
 //!   the model metadata and the views (which exist, and why any does not);
 //! - `ctl`: live status (version, sources, cache statistics, reads in
-//!   flight); writing a command line to it (`drop-cache`) acts on the daemon.
+//!   flight); writing a command line to it (`drop-cache`, job commands)
+//!   acts on the daemon;
+//! - with encoding jobs on: `ctl.json` (the status for tools) and `jobs/`
+//!   (one file per job, `jobs/N`).
 //!
 //! Inode numbers: 1 root, 2 `index.json`, 3 `ctl`, 4..=7 the model views,
-//! and `16 + i + k * 2^32` for the i-th tensor in the backend's order in
+//! 8 `ctl.json`, 9 `jobs/`, `2^48 + n` for `jobs/n`, and
+//! `16 + i + k * 2^32` for the i-th tensor in the backend's order in
 //! format k (0 f32, 1 f16, 2 bf16), which is fixed by the source files, so
 //! they are stable across remounts of the same files.
 //!
@@ -453,7 +457,13 @@ impl TensorFs {
                 size,
             ))),
             ROOT_INO | JOBS_DIR_INO => Err(libc::EISDIR),
-            _ if self.ctl.is_open(fh) => Ok(ReadData::Owned(self.read_ctl(fh, offset, size)?)),
+            // Control files, from their handle's snapshot. The inode is
+            // checked first: a tensor read takes no lock of ctl's.
+            _ if (matches!(ino, CTL_INO | CTL_JSON_INO) || ino >= JOB_INO_BASE)
+                && self.ctl.is_open(fh) =>
+            {
+                Ok(ReadData::Owned(self.read_ctl(fh, offset, size)?))
+            }
             _ if self.is_live(ino) => Err(libc::EBADF),
             _ => {
                 let node = self.node(ino).ok_or(libc::ENOENT)?;

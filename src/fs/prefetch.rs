@@ -149,10 +149,10 @@ fn worker(rx: &Mutex<Receiver<Request>>, shared: &Shared, counters: &Counters) {
             }
             // Rate-limited: a bad region would otherwise log once per
             // chunk of every read-ahead window.
-            Err(e) => crate::logging::throttled(
+            Err(e) => crate::logging::throttled!(
                 log::Level::Warn,
                 &format!("prefetch error {f} {:?}", e.kind()),
-                format_args!("prefetch of chunk {chunk} of file {f}: {e}"),
+                "prefetch of chunk {chunk} of file {f}: {e}",
             ),
         }
     }

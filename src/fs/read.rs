@@ -53,11 +53,11 @@ impl Shared {
         &self,
         order: Option<u64>,
         bpe: u64,
-        ranges: &[(usize, u64, u64)],
+        ranges: impl IntoIterator<Item = (usize, u64, u64)>,
     ) -> PendingRead<'_> {
         self.cache.begin_read(
             order,
-            ranges.iter().flat_map(|&(f, lo, hi)| {
+            ranges.into_iter().flat_map(move |(f, lo, hi)| {
                 let ce = self.files[f].chunk_elems.max(1);
                 let (c0, c1) = (lo / bpe / ce, hi.div_ceil(bpe).saturating_sub(1) / ce);
                 (c0..=c1).map(move |chunk| ChunkKey {
@@ -192,10 +192,10 @@ impl TensorFs {
                 };
                 // One line per file and kind of error per window: a reader
                 // retrying a bad block must not flood the log.
-                crate::logging::throttled(
+                crate::logging::throttled!(
                     log::Level::Error,
                     &format!("read error {what} {:?}", e.kind()),
-                    format_args!("read of {size} bytes at {offset} of {what}: {e}"),
+                    "read of {size} bytes at {offset} of {what}: {e}",
                 );
                 Err(e.errno())
             }
@@ -255,8 +255,8 @@ impl TensorFs {
         // sent after this one may evict the chunks this one needs. (The
         // small-read check takes no lock for a read larger than a small
         // one; a small read fetches no chunk.)
-        let ranges: &[_] = if small { &[] } else { &[(f, offset, end)] };
-        let read = self.shared.begin_read(order, fmt.bytes(), ranges);
+        let range = (!small).then_some((f, offset, end));
+        let read = self.shared.begin_read(order, fmt.bytes(), range);
         let data = self.tensor_range(&read, f, fmt, offset, end, small)?;
         drop(read);
         let whole = [views::Segment {
@@ -281,35 +281,28 @@ impl TensorFs {
         }
         let end = l.size().min(offset.saturating_add(u64::from(size)));
         let pieces = l.pieces(offset, end);
-        let small = match pieces.as_slice() {
-            // Inside one tensor: the small-read rule of tensor files.
-            [Piece::Tensor { seg, range }] => {
-                let f = l.segments()[*seg].file;
-                self.small_read(f, l.fmt(), fh, offset, range.start, range.end)
-            }
-            _ => false,
+        // Inside one tensor: the tensor files' path (their small-read rule,
+        // zero-copy from a chunk for f32).
+        let inside = match pieces.as_slice() {
+            [Piece::Tensor { seg, range }] => Some((l.segments()[*seg].file, range.clone())),
+            _ => None,
         };
-        let tensor_ranges: Vec<_> = pieces
-            .iter()
-            .filter_map(|p| match p {
-                Piece::Tensor { seg, range } if !small => {
-                    Some((l.segments()[*seg].file, range.start, range.end))
-                }
-                _ => None,
-            })
-            .collect();
+        let small = inside
+            .as_ref()
+            .is_some_and(|(f, r)| self.small_read(*f, l.fmt(), fh, offset, r.start, r.end));
+        let tensor_ranges = pieces.iter().filter_map(|p| match p {
+            Piece::Tensor { seg, range } if !small => {
+                Some((l.segments()[*seg].file, range.start, range.end))
+            }
+            _ => None,
+        });
         // As early as it can be (see `read_tensor`).
         let read = self
             .shared
-            .begin_read(order, l.fmt().bytes(), &tensor_ranges);
-        let data = match pieces.as_slice() {
-            // Inside one tensor: the tensor files' path (zero-copy from a
-            // chunk for f32).
-            [Piece::Tensor { seg, range }] => {
-                let f = l.segments()[*seg].file;
-                self.tensor_range(&read, f, l.fmt(), range.start, range.end, small)?
-            }
-            _ => {
+            .begin_read(order, l.fmt().bytes(), tensor_ranges);
+        let data = match inside {
+            Some((f, r)) => self.tensor_range(&read, f, l.fmt(), r.start, r.end, small)?,
+            None => {
                 let mut out = Vec::with_capacity((end - offset) as usize);
                 for p in pieces {
                     match p {
@@ -448,19 +441,21 @@ impl TensorFs {
                 h.window = 0;
                 h.last_requested = None;
             }
-            let next = views::chunks_after(segments, fmt.bytes(), end, h.window, |f| {
+            let mut next = views::chunks_after(segments, fmt.bytes(), end, h.window, |f| {
                 self.shared.files[f].chunk_elems
             });
             // Skip what this stream already requested (the list is in read
             // order, so everything up to the last request).
-            let fresh = match h.last_requested {
-                Some(last) => next.iter().position(|c| *c == last).map_or(0, |i| i + 1),
-                None => 0,
-            };
+            if let Some(i) = h
+                .last_requested
+                .and_then(|last| next.iter().position(|c| *c == last))
+            {
+                next.drain(..=i);
+            }
             if let Some(last) = next.last() {
                 h.last_requested = Some(*last);
             }
-            next.into_iter().skip(fresh).collect::<Vec<_>>()
+            next
         };
         if wanted.is_empty() {
             return;

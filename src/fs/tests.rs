@@ -597,3 +597,38 @@ fn ctl_commands_by_caller_snapshot_and_lines() {
         &first[..]
     );
 }
+
+#[test]
+fn ctl_refusals_at_close_by_line_length_and_for_reads_of_a_write_handle() {
+    let fs = demo_fs(FsConfig::default());
+    let stranger = Caller {
+        uid: 54_321,
+        gid: 54_321,
+        pid: 1,
+    };
+    let ctl = open_wo(&fs, CTL_INO).unwrap();
+    // A complete line over the limit (the newline in the same write).
+    let mut long = vec![b'a'; MAX_CTL_LINE + 1];
+    long.push(b'\n');
+    assert_eq!(fs.write_ctl(ctl.fh, &long, me()), Err(libc::EINVAL));
+    assert!(
+        fs.ctl_text().contains("line 1: longer than 4096 bytes"),
+        "{}",
+        fs.ctl_text()
+    );
+    // A last line without newline, closed by another user (a descriptor
+    // handed over): not run.
+    let ino = fs.lookup(ROOT_INO, "output.weight.f32").unwrap().ino;
+    let fh = open_ro(&fs, ino).unwrap().fh;
+    fs.read(ino, fh, 0, 1 << 20).unwrap();
+    assert_eq!(fs.write_ctl(ctl.fh, b"drop-cache", me()), Ok(10));
+    assert_eq!(fs.flush(ctl.fh, stranger), Err(libc::EACCES));
+    assert!(fs.cache_stats().bytes_used > 0);
+    // Opened for writing only: there is no snapshot to read.
+    assert!(matches!(fs.read(CTL_INO, ctl.fh, 0, 100), Err(libc::EBADF)));
+    fs.release(ctl.fh);
+    assert!(
+        fs.cache_stats().bytes_used > 0,
+        "the refused line ran at release"
+    );
+}

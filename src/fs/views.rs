@@ -288,7 +288,8 @@ impl Layout {
             return Err(err(
                 ErrorKind::TooLarge,
                 format!(
-                    "the view would be {size} bytes, more than the largest file size stat can                      report (2^63 - 1 bytes)"
+                    "the view would be {size} bytes, more than the largest file size stat can \
+                     report (2^63 - 1 bytes)"
                 ),
             ));
         }
@@ -907,6 +908,28 @@ mod tests {
         assert!(Layout::new(vec![], ElemFormat::F16, vec![seg(0, 6)], 16).is_ok());
         assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(0, 8)], 4).is_err());
         assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(u64::MAX, 4)], 4).is_err());
+    }
+
+    #[test]
+    fn layouts_larger_than_stat_can_report_are_refused() {
+        let max = i64::MAX as u64;
+        let segs = |len| {
+            vec![Segment {
+                start: 8,
+                len,
+                file: 0,
+            }]
+        };
+        let e = Layout::new(vec![0; 8], ElemFormat::F32, segs(8), max + 1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::TooLarge);
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("the view would be {} bytes", max + 1))
+                && msg.contains("the largest file size stat can report (2^63 - 1 bytes)"),
+            "{msg}"
+        );
+        // The largest size stat can report is fine.
+        assert!(Layout::new(vec![0; 8], ElemFormat::F32, segs(max - 11), max).is_ok());
     }
 
     #[test]

@@ -136,7 +136,7 @@ impl Mounted {
         std::fs::read_to_string(self.path("ctl")).unwrap()
     }
 
-    /// `ctl.json`, parsed.
+    /// `ctl.json`, parsed (each call opens it: a fresh snapshot).
     pub fn ctl_json(&self) -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(self.path("ctl.json")).unwrap()).unwrap()
     }
@@ -190,6 +190,16 @@ impl Mounted {
     }
 }
 
+/// `fusermount3 -u -z`: detach what a test left mounted at `mp` (clean-up;
+/// errors are ignored).
+fn unmount_lazily(mp: &Path) {
+    let _ = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mp)
+        .status();
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
         if self.try_wait().is_none() {
@@ -202,11 +212,7 @@ impl Drop for Mounted {
             }
         }
         if is_mounted(&self.mp) {
-            let _ = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&self.mp)
-                .status();
+            unmount_lazily(&self.mp);
         }
     }
 }
@@ -279,11 +285,7 @@ impl Drop for MountGuard {
             }
         }
         if is_mounted(&self.mp) {
-            let _ = Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(&self.mp)
-                .status();
+            unmount_lazily(&self.mp);
         }
     }
 }

@@ -55,13 +55,14 @@
 //!   can get there (the daemon's readers drop each chunk before asking for
 //!   the next), and it must not hang.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
 
+use super::lock;
 use crate::error::{Error, ErrorKind, Result};
 
 /// How long a reader waits for budget while none comes back before it
@@ -138,10 +139,9 @@ pub struct PendingRead<'a> {
     cache: &'a BlockCache,
     /// None when it registered no chunks.
     ticket: Option<Ticket>,
-    keys: Vec<ChunkKey>,
-    /// How many of `keys` it got: when all, dropping it has nothing to
-    /// give up (and does not take the lock).
-    fetched: std::cell::Cell<usize>,
+    /// The registered chunks it has not fetched yet: when none are left,
+    /// dropping it has nothing to give up (and does not take the lock).
+    unfetched: RefCell<Vec<ChunkKey>>,
 }
 
 impl PendingRead<'_> {
@@ -154,8 +154,9 @@ impl PendingRead<'_> {
         decode: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<Chunk> {
         let chunk = self.cache.read(key, len, self.ticket, decode)?;
-        if self.keys.contains(&key) {
-            self.fetched.set(self.fetched.get() + 1);
+        let mut unfetched = self.unfetched.borrow_mut();
+        if let Some(i) = unfetched.iter().position(|k| *k == key) {
+            unfetched.swap_remove(i);
         }
         Ok(chunk)
     }
@@ -163,15 +164,16 @@ impl PendingRead<'_> {
 
 impl Drop for PendingRead<'_> {
     fn drop(&mut self) {
-        if self.fetched.get() >= self.keys.len() {
+        let unfetched = self.unfetched.get_mut();
+        if unfetched.is_empty() {
             return;
         }
         let Some(ticket) = self.ticket else { return };
         let inner = &self.cache.inner;
         let mut s = lock(&inner.state);
         let mut gave_up = false;
-        for k in &self.keys {
-            gave_up |= s.consumed(*k, ticket);
+        for k in unfetched.drain(..) {
+            gave_up |= s.consumed(k, ticket);
         }
         // A read that failed or stopped early: chunks later reads waited
         // for may go now.
@@ -182,7 +184,7 @@ impl Drop for PendingRead<'_> {
 }
 
 /// Which chunk of which tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChunkKey {
     pub tensor: u32,
     pub chunk: u64,
@@ -263,14 +265,8 @@ impl Mode {
 enum Fetched {
     /// A reader's chunk.
     Chunk(Chunk),
-    /// Read-ahead decoded the chunk into the cache.
-    Decoded,
-    /// Read-ahead found the chunk cached or in flight.
-    Present,
-    /// Read-ahead found no budget.
-    Refused,
-    /// Read-ahead found that a reader asked for the chunk first.
-    Passed,
+    /// What a read-ahead request did.
+    Ahead(Prefetched),
 }
 
 /// What a read-ahead request did ([`BlockCache::prefetch`]).
@@ -308,6 +304,10 @@ enum Reservation {
 }
 
 struct State {
+    /// The budget, in bytes.
+    capacity: u64,
+    /// The event counters of [`CacheStats`] (`stats` fills in the rest).
+    counts: CacheStats,
     lru: LruCache<ChunkKey, Entry>,
     bytes_used: u64,
     /// Evicted or never cached chunks that readers still hold, by id.
@@ -334,9 +334,10 @@ struct State {
     /// would decode it a second time behind the reader (and evict a chunk
     /// the reader still needs to make room).
     ahead: HashSet<ChunkKey>,
-    /// For each chunk that reads in progress will still fetch, their
-    /// tickets ([`PendingRead`]).
-    needed: HashMap<ChunkKey, Vec<Ticket>>,
+    /// (chunk, ticket) for each chunk that a read in progress will still
+    /// fetch ([`PendingRead`]); by chunk, then ticket, so a chunk's
+    /// earliest read comes first.
+    needed: BTreeSet<(ChunkKey, Ticket)>,
 }
 
 /// A reader's place in line: by `order`, then `id`. `id` is unique to the
@@ -346,6 +347,11 @@ struct State {
 struct Ticket {
     order: u64,
     id: u64,
+}
+
+impl Ticket {
+    /// Before every ticket.
+    const FIRST: Ticket = Ticket { order: 0, id: 0 };
 }
 
 fn buf_bytes(v: &Vec<f32>) -> u64 {
@@ -371,14 +377,23 @@ impl State {
 
     /// A pooled buffer for `len` values: the smallest that holds them, and
     /// not more than twice their size (a 16 MiB buffer must not be spent
-    /// on a 2 KiB chunk).
+    /// on a 2 KiB chunk). One of exactly that size (the usual case: chunks
+    /// of one size) ends the search: after a `drop-cache` of a large cache
+    /// of small chunks the pool holds tens of thousands of buffers, and
+    /// every miss searches it with the lock held.
     fn take_pooled(&mut self, len: usize) -> Option<Vec<f32>> {
-        let (i, _) = self
-            .pool
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.capacity() >= len && b.capacity() / 2 <= len)
-            .min_by_key(|(_, b)| b.capacity())?;
+        let mut best: Option<(usize, usize)> = None;
+        for (i, b) in self.pool.iter().enumerate() {
+            let cap = b.capacity();
+            if cap < len || cap / 2 > len || best.is_some_and(|(_, c)| c <= cap) {
+                continue;
+            }
+            best = Some((i, cap));
+            if cap == len {
+                break;
+            }
+        }
+        let (i, _) = best?;
         let b = self.pool.swap_remove(i);
         self.pool_bytes -= buf_bytes(&b);
         Some(b)
@@ -386,8 +401,8 @@ impl State {
 
     /// Keep `b` for reuse if the budget has room for it (it is no longer
     /// counted anywhere else), else hand it to `freed`.
-    fn recycle(&mut self, b: Vec<f32>, capacity: u64, freed: &mut Vec<Vec<f32>>) {
-        if self.committed() + buf_bytes(&b) <= capacity {
+    fn recycle(&mut self, b: Vec<f32>, freed: &mut Vec<Vec<f32>>) {
+        if self.committed() + buf_bytes(&b) <= self.capacity {
             self.pool_bytes += buf_bytes(&b);
             self.pool.push(b);
         } else {
@@ -417,18 +432,18 @@ impl State {
             if e.leases > 0 {
                 continue;
             }
-            let needed = self.needed.get(k);
+            let first_reader = self.first_reader(*k);
             let spare = match mode {
-                Mode::Read { read: Some(t) } => needed.is_some_and(|v| v.iter().any(|r| *r < t)),
+                Mode::Read { read: Some(t) } => first_reader.is_some_and(|r| r < t),
                 Mode::Read { read: None } => false,
                 Mode::Prefetch { reader_at } => {
-                    reader_at == Some(*k) || needed.is_some() || e.unread_prefetch
+                    reader_at == Some(*k) || first_reader.is_some() || e.unread_prefetch
                 }
             };
             if spare {
                 continue;
             }
-            if !e.unread_prefetch && needed.is_none() {
+            if !e.unread_prefetch && first_reader.is_none() {
                 return Some(*k);
             }
             fallback.get_or_insert(*k);
@@ -436,24 +451,23 @@ impl State {
         fallback
     }
 
+    /// The ticket of the earliest read in progress that will still fetch
+    /// `key`, if any.
+    fn first_reader(&self, key: ChunkKey) -> Option<Ticket> {
+        let &(k, t) = self.needed.range((key, Ticket::FIRST)..).next()?;
+        (k == key).then_some(t)
+    }
+
     /// The read with ticket `ticket` got chunk `key` (or gave up on it):
     /// it no longer needs it. Whether it did.
     fn consumed(&mut self, key: ChunkKey, ticket: Ticket) -> bool {
-        let Some(v) = self.needed.get_mut(&key) else {
-            return false;
-        };
-        let before = v.len();
-        v.retain(|t| *t != ticket);
-        let removed = v.len() < before;
-        if v.is_empty() {
-            self.needed.remove(&key);
-        }
-        removed
+        self.needed.remove(&(key, ticket))
     }
 
     /// Evict `key` (held by nobody): its buffer goes to the pool.
     fn evict(&mut self, key: ChunkKey) {
         let Some(e) = self.lru.pop(&key) else { return };
+        self.counts.evictions += 1;
         self.bytes_used -= e.bytes;
         // Nobody holds it (no lease), so this is the only reference.
         if let Ok(b) = Arc::try_unwrap(e.data) {
@@ -464,8 +478,8 @@ impl State {
 
     /// Get back within the budget after a decode beyond it (an over-budget
     /// escape): pooled buffers first, then chunks nobody holds.
-    fn shrink(&mut self, capacity: u64, evictions: &AtomicU64, freed: &mut Vec<Vec<f32>>) {
-        while self.committed() > capacity {
+    fn shrink(&mut self, freed: &mut Vec<Vec<f32>>) {
+        while self.committed() > self.capacity {
             if let Some(b) = self.pool.pop() {
                 self.pool_bytes -= buf_bytes(&b);
                 freed.push(b);
@@ -475,20 +489,12 @@ impl State {
                 return;
             };
             self.evict(k);
-            evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// Budget for a decode of `len` values, making room by dropping pooled
     /// buffers that do not fit and evicting chunks nobody holds.
-    fn reserve(
-        &mut self,
-        len: usize,
-        mode: Mode,
-        capacity: u64,
-        evictions: &AtomicU64,
-        freed: &mut Vec<Vec<f32>>,
-    ) -> Reservation {
+    fn reserve(&mut self, len: usize, mode: Mode, freed: &mut Vec<Vec<f32>>) -> Reservation {
         let need = len as u64 * 4;
         loop {
             if let Some(b) = self.take_pooled(len) {
@@ -499,7 +505,7 @@ impl State {
                     bytes,
                 };
             }
-            if self.committed() + need <= capacity {
+            if self.committed() + need <= self.capacity {
                 self.reserved += need;
                 return Reservation::Granted {
                     buf: None,
@@ -515,7 +521,6 @@ impl State {
             }
             if let Some(k) = self.victim(mode) {
                 self.evict(k);
-                evictions.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             // A chunk larger than the whole budget: alone, or not at all.
@@ -557,32 +562,14 @@ impl State {
 }
 
 struct Inner {
-    capacity: u64,
     state: Mutex<State>,
     /// Signalled when budget may have come free: a decode finished, a
     /// held chunk was returned, the cache was cleared.
     budget: Condvar,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    waits: AtomicU64,
-    budget_waits: AtomicU64,
-    over_budget: AtomicU64,
-    prefetch_refused: AtomicU64,
-    evictions: AtomicU64,
-    bytes_decoded: AtomicU64,
-    decode_errors: AtomicU64,
 }
 
 pub struct BlockCache {
     inner: Arc<Inner>,
-}
-
-/// Lock a mutex whose data stays consistent even if a holder panicked.
-/// Every lock in the daemon guards state that each mutation leaves whole
-/// (a map insert, a counter), so a poisoned lock is used as is rather than
-/// taking the daemon down.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Inner {
@@ -613,12 +600,12 @@ impl Inner {
                         // Every lease dropped its reference before
                         // returning, so this one is the last.
                         if let Ok(b) = Arc::try_unwrap(e.data) {
-                            s.recycle(b, self.capacity, &mut freed);
+                            s.recycle(b, &mut freed);
                         }
                     }
                 }
             }
-            s.shrink(self.capacity, &self.evictions, &mut freed);
+            s.shrink(&mut freed);
             self.budget_changed(s);
         }
         // Freed outside the lock: freeing a large buffer is a munmap every
@@ -653,7 +640,8 @@ impl Inner {
         // When this reader last saw the budget change, and its change count
         // then: the over-budget escape needs BUDGET_WAIT without any change.
         let mut stalled: Option<(Instant, u64)> = None;
-        let mut over_budget = false;
+        // The budget, when this reader decodes beyond it (logged).
+        let mut over_budget = None;
         let mut freed = Vec::new();
         let granted = loop {
             drop(std::mem::take(&mut freed));
@@ -662,10 +650,10 @@ impl Inner {
                 // Checked under the same lock as the decode starts: a
                 // reader that comes later finds it in flight and waits.
                 if !s.ahead.remove(&key) {
-                    return Ok(Fetched::Passed);
+                    return Ok(Fetched::Ahead(Prefetched::Passed));
                 }
                 if s.lru.contains(&key) || s.in_flight.contains_key(&key) {
-                    return Ok(Fetched::Present);
+                    return Ok(Fetched::Ahead(Prefetched::Present));
                 }
             } else {
                 // This reader got here first: a read-ahead request for the
@@ -673,7 +661,7 @@ impl Inner {
                 s.ahead.remove(&key);
                 if let Some(id) = s.lru.get(&key).map(|e| e.id) {
                     if !counted {
-                        self.hits.fetch_add(1, Ordering::Relaxed);
+                        s.counts.hits += 1;
                     }
                     if let Some(d) = s.lease(key, id) {
                         self.leave_queue(&mut s, &mut queued, ticket);
@@ -687,14 +675,14 @@ impl Inner {
             }
             // A read-ahead request counts as a miss only if it decodes.
             if !counted && mode.is_read() {
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                s.counts.misses += 1;
                 counted = true;
             }
             if let Some(slot) = s.in_flight.get(&key) {
                 let slot = slot.clone();
                 self.leave_queue(&mut s, &mut queued, ticket);
+                s.counts.waits += 1;
                 drop(s);
-                self.waits.fetch_add(1, Ordering::Relaxed);
                 let id = Self::wait(&slot)?;
                 drop(slot);
                 let mut s = lock(&self.state);
@@ -715,14 +703,14 @@ impl Inner {
                 .first()
                 .is_none_or(|f| ticket.is_some_and(|t| t <= *f));
             let reservation = match (my_turn, mode) {
-                (true, _) => s.reserve(len, mode, self.capacity, &self.evictions, &mut freed),
+                (true, _) => s.reserve(len, mode, &mut freed),
                 (false, Mode::Read { .. }) => Reservation::Wait,
                 (false, Mode::Prefetch { .. }) => Reservation::Refused,
             };
             match reservation {
                 Reservation::Granted { buf, bytes } => {
                     if !mode.is_read() {
-                        self.misses.fetch_add(1, Ordering::Relaxed);
+                        s.counts.misses += 1;
                     }
                     self.leave_queue(&mut s, &mut queued, ticket);
                     break Granted {
@@ -732,9 +720,9 @@ impl Inner {
                     };
                 }
                 Reservation::Refused => {
-                    self.prefetch_refused.fetch_add(1, Ordering::Relaxed);
+                    s.counts.prefetch_refused += 1;
                     drop(s);
-                    return Ok(Fetched::Refused);
+                    return Ok(Fetched::Ahead(Prefetched::NoBudget));
                 }
                 Reservation::Wait if !freed.is_empty() => {
                     // Free what reserve let go first (outside the lock),
@@ -746,7 +734,7 @@ impl Inner {
                         let t = *ticket.get_or_insert_with(|| s.new_ticket(None));
                         s.waiting.insert(t);
                         queued = true;
-                        self.budget_waits.fetch_add(1, Ordering::Relaxed);
+                        s.counts.budget_waits += 1;
                     }
                     let (since, seen) = match stalled {
                         Some((since, seen)) if seen == s.changes => (since, seen),
@@ -759,8 +747,8 @@ impl Inner {
                         // holding chunks itself gets here (module docs).
                         // Decode beyond the budget rather than hang; logged
                         // below, outside the lock.
-                        self.over_budget.fetch_add(1, Ordering::Relaxed);
-                        over_budget = true;
+                        s.counts.over_budget += 1;
+                        over_budget = Some(s.capacity);
                         self.leave_queue(&mut s, &mut queued, ticket);
                         let need = len as u64 * 4;
                         s.reserved += need;
@@ -780,15 +768,13 @@ impl Inner {
             }
         };
         drop(freed);
-        if over_budget {
-            crate::logging::throttled(
+        if let Some(capacity) = over_budget {
+            crate::logging::throttled!(
                 log::Level::Warn,
                 "cache over budget",
-                format_args!(
-                    "the decoded-chunk budget ({} B) stayed in use for {} ms; decoding beyond it",
-                    self.capacity,
-                    BUDGET_WAIT.as_millis()
-                ),
+                "the decoded-chunk budget ({capacity} B) stayed in use for {} ms; decoding \
+                 beyond it",
+                BUDGET_WAIT.as_millis(),
             );
         }
         self.decode_into(key, len, mode, granted, decode)
@@ -840,8 +826,7 @@ impl Inner {
             s.reserved -= reserved;
             let r = match result {
                 Ok(()) => {
-                    self.bytes_decoded
-                        .fetch_add(len as u64 * 4, Ordering::Relaxed);
+                    s.counts.bytes_decoded += len as u64 * 4;
                     let id = s.next_id;
                     s.next_id += 1;
                     let bytes = buf_bytes(&buf);
@@ -860,7 +845,7 @@ impl Inner {
                         leases: u32::from(read),
                         unread_prefetch: !read,
                     };
-                    if bytes <= self.capacity {
+                    if bytes <= s.capacity {
                         s.bytes_used += bytes;
                         // Single flight: the key was not cached.
                         if let Some((_, old)) = s.lru.push(key, entry) {
@@ -869,7 +854,7 @@ impl Inner {
                                 s.held_bytes += old.bytes;
                                 s.held.insert(old.id, old);
                             } else if let Ok(b) = Arc::try_unwrap(old.data) {
-                                s.recycle(b, self.capacity, &mut freed);
+                                s.recycle(b, &mut freed);
                             }
                         }
                     } else if read {
@@ -878,17 +863,17 @@ impl Inner {
                         s.held.insert(id, entry);
                     } else if let Ok(b) = Arc::try_unwrap(entry.data) {
                         // (Read-ahead never gets such a budget.)
-                        s.recycle(b, self.capacity, &mut freed);
+                        s.recycle(b, &mut freed);
                     }
                     (Ok(id), handout.map(|d| (d, id)))
                 }
                 Err(e) => {
-                    self.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    s.recycle(buf, self.capacity, &mut freed);
+                    s.counts.decode_errors += 1;
+                    s.recycle(buf, &mut freed);
                     (Err((e.kind(), e.to_string())), None)
                 }
             };
-            s.shrink(self.capacity, &self.evictions, &mut freed);
+            s.shrink(&mut freed);
             self.budget_changed(&mut s);
             r
         };
@@ -898,7 +883,7 @@ impl Inner {
         match (outcome, chunk) {
             (Err((kind, msg)), _) => Err(Error::new(kind, msg)),
             (Ok(_), Some((data, id))) => Ok(Fetched::Chunk(self.chunk(data, key, id))),
-            (Ok(_), None) => Ok(Fetched::Decoded),
+            (Ok(_), None) => Ok(Fetched::Ahead(Prefetched::Decoded)),
         }
     }
 
@@ -928,8 +913,9 @@ impl BlockCache {
     pub fn new(capacity_bytes: u64) -> Self {
         BlockCache {
             inner: Arc::new(Inner {
-                capacity: capacity_bytes,
                 state: Mutex::new(State {
+                    capacity: capacity_bytes,
+                    counts: CacheStats::default(),
                     lru: LruCache::unbounded(),
                     bytes_used: 0,
                     held: HashMap::new(),
@@ -944,18 +930,9 @@ impl BlockCache {
                     next_ticket: 0,
                     changes: 0,
                     ahead: HashSet::new(),
-                    needed: HashMap::new(),
+                    needed: BTreeSet::new(),
                 }),
                 budget: Condvar::new(),
-                hits: AtomicU64::new(0),
-                misses: AtomicU64::new(0),
-                waits: AtomicU64::new(0),
-                budget_waits: AtomicU64::new(0),
-                over_budget: AtomicU64::new(0),
-                prefetch_refused: AtomicU64::new(0),
-                evictions: AtomicU64::new(0),
-                bytes_decoded: AtomicU64::new(0),
-                decode_errors: AtomicU64::new(0),
             }),
         }
     }
@@ -1022,25 +999,17 @@ impl BlockCache {
             return PendingRead {
                 cache: self,
                 ticket: None,
-                keys: Vec::new(),
-                fetched: std::cell::Cell::new(0),
+                unfetched: RefCell::default(),
             };
         }
         let mut s = lock(&self.inner.state);
         let ticket = s.new_ticket(order);
-        let mut registered = Vec::new();
-        for k in keys {
-            let v = s.needed.entry(k).or_default();
-            if !v.contains(&ticket) {
-                v.push(ticket);
-                registered.push(k);
-            }
-        }
+        // Each chunk once, however often `keys` names it.
+        let registered = keys.filter(|&k| s.needed.insert((k, ticket))).collect();
         PendingRead {
             cache: self,
             ticket: Some(ticket),
-            keys: registered,
-            fetched: std::cell::Cell::new(0),
+            unfetched: RefCell::new(registered),
         }
     }
 
@@ -1075,10 +1044,9 @@ impl BlockCache {
     ) -> Result<Prefetched> {
         let mode = Mode::Prefetch { reader_at };
         Ok(match self.inner.fetch(key, len, mode, decode)? {
-            Fetched::Decoded => Prefetched::Decoded,
-            Fetched::Refused => Prefetched::NoBudget,
-            Fetched::Passed => Prefetched::Passed,
-            Fetched::Present | Fetched::Chunk(_) => Prefetched::Present,
+            Fetched::Ahead(p) => p,
+            // (Read-ahead gets no chunk.)
+            Fetched::Chunk(_) => Prefetched::Present,
         })
     }
 
@@ -1088,542 +1056,34 @@ impl BlockCache {
         let inner = &self.inner;
         let mut freed = Vec::new();
         let mut s = lock(&inner.state);
-        let n = s.lru.len() as u64;
+        s.counts.evictions += s.lru.len() as u64;
         while let Some((_, e)) = s.lru.pop_lru() {
             s.bytes_used -= e.bytes;
             if e.leases > 0 {
                 s.held_bytes += e.bytes;
                 s.held.insert(e.id, e);
             } else if let Ok(b) = Arc::try_unwrap(e.data) {
-                s.recycle(b, inner.capacity, &mut freed);
+                s.recycle(b, &mut freed);
             }
         }
         inner.budget_changed(&mut s);
         drop(s);
         drop(freed);
-        inner.evictions.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> CacheStats {
-        let inner = &self.inner;
-        let s = lock(&inner.state);
+        let s = lock(&self.inner.state);
         CacheStats {
-            capacity: inner.capacity,
+            capacity: s.capacity,
             bytes_used: s.bytes_used,
             pool_bytes: s.pool_bytes,
             bytes_in_flight: s.reserved,
             bytes_held: s.held_bytes,
             chunks: s.lru.len() as u64,
-            hits: inner.hits.load(Ordering::Relaxed),
-            misses: inner.misses.load(Ordering::Relaxed),
-            waits: inner.waits.load(Ordering::Relaxed),
-            budget_waits: inner.budget_waits.load(Ordering::Relaxed),
-            over_budget: inner.over_budget.load(Ordering::Relaxed),
-            prefetch_refused: inner.prefetch_refused.load(Ordering::Relaxed),
-            evictions: inner.evictions.load(Ordering::Relaxed),
-            bytes_decoded: inner.bytes_decoded.load(Ordering::Relaxed),
-            decode_errors: inner.decode_errors.load(Ordering::Relaxed),
             in_flight: s.in_flight.len() as u64,
+            ..s.counts
         }
     }
 }
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-
-    fn key(t: u32, c: u64) -> ChunkKey {
-        ChunkKey {
-            tensor: t,
-            chunk: c,
-        }
-    }
-
-    fn fill(v: f32) -> impl FnOnce(&mut [f32]) -> Result<()> {
-        move |b| {
-            b.fill(v);
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn hit_miss_and_byte_bound() {
-        let cache = BlockCache::new(3 * 400);
-        for c in 0..5 {
-            let v = cache.get_or_decode(key(0, c), 100, fill(c as f32)).unwrap();
-            assert_eq!(v[0], c as f32);
-        }
-        let s = cache.stats();
-        assert_eq!((s.misses, s.hits, s.chunks, s.bytes_used), (5, 0, 3, 1200));
-        assert_eq!(s.evictions, 2);
-        // 4 is cached, 0 was evicted.
-        cache
-            .get_or_decode(key(0, 4), 100, |_| panic!("must hit"))
-            .unwrap();
-        let calls = AtomicUsize::new(0);
-        cache
-            .get_or_decode(key(0, 0), 100, |b| {
-                calls.fetch_add(1, Ordering::SeqCst);
-                b.fill(0.0);
-                Ok(())
-            })
-            .unwrap();
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-    }
-
-    #[test]
-    fn oversize_chunk_is_served_not_kept() {
-        let cache = BlockCache::new(100);
-        let v = cache.get_or_decode(key(1, 0), 1000, fill(1.0)).unwrap();
-        assert_eq!(v.len(), 1000);
-        assert_eq!(cache.stats().bytes_used, 0);
-    }
-
-    #[test]
-    fn errors_reach_the_caller_and_are_not_cached() {
-        let cache = BlockCache::new(1 << 20);
-        let e = cache
-            .get_or_decode(key(2, 0), 1, |_| {
-                Err(Error::new(ErrorKind::Truncated, "gone"))
-            })
-            .unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Truncated);
-        let v = cache.get_or_decode(key(2, 0), 1, fill(2.0)).unwrap();
-        assert_eq!(v[0], 2.0);
-        assert_eq!(cache.stats().decode_errors, 1);
-    }
-
-    #[test]
-    fn concurrent_misses_decode_once() {
-        let cache = Arc::new(BlockCache::new(1 << 20));
-        let calls = Arc::new(AtomicUsize::new(0));
-        let threads: Vec<_> = (0..8)
-            .map(|_| {
-                let (cache, calls) = (cache.clone(), calls.clone());
-                std::thread::spawn(move || {
-                    cache
-                        .get_or_decode(key(3, 7), 10, |b| {
-                            calls.fetch_add(1, Ordering::SeqCst);
-                            std::thread::sleep(std::time::Duration::from_millis(50));
-                            b.fill(7.0);
-                            Ok(())
-                        })
-                        .unwrap()[0]
-                })
-            })
-            .collect();
-        for t in threads {
-            assert_eq!(t.join().unwrap(), 7.0);
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        let s = cache.stats();
-        assert_eq!(s.misses, 8);
-        assert!(s.waits >= 1);
-    }
-
-    #[test]
-    fn evicted_buffers_are_reused() {
-        let cache = BlockCache::new(400);
-        let first = cache.get_or_decode(key(5, 0), 100, fill(1.0)).unwrap();
-        let ptr = first.as_ptr();
-        drop(first);
-        // Chunk 1 evicts chunk 0 (nobody holds it): its buffer is pooled,
-        // and chunk 2 decodes into it.
-        cache.get_or_decode(key(5, 1), 100, fill(2.0)).unwrap();
-        let third = cache.get_or_decode(key(5, 2), 100, fill(3.0)).unwrap();
-        assert_eq!(third.as_ptr(), ptr);
-        assert!(third.iter().all(|&v| v == 3.0));
-    }
-
-    #[test]
-    fn a_panicking_decoder_releases_waiters() {
-        let cache = BlockCache::new(1 << 20);
-        let e = cache
-            .get_or_decode(key(4, 0), 1, |_| panic!("boom"))
-            .unwrap_err();
-        assert!(e.to_string().contains("panicked"));
-        assert_eq!(cache.stats().in_flight, 0);
-    }
-
-    /// Bytes the budget covers right now.
-    fn committed(s: &CacheStats) -> u64 {
-        s.bytes_used + s.bytes_in_flight + s.bytes_held + s.pool_bytes
-    }
-
-    /// xorshift, for test keys.
-    fn next(x: &mut u64) -> u64 {
-        *x ^= *x << 13;
-        *x ^= *x >> 7;
-        *x ^= *x << 17;
-        *x
-    }
-
-    #[test]
-    fn concurrent_decodes_never_exceed_the_budget() {
-        // Room for 4 chunks, 16 threads missing on 64 keys, holding each
-        // chunk for a moment like a reply being sent.
-        const LEN: usize = 1000;
-        let cache = BlockCache::new(4 * LEN as u64 * 4);
-        let running = AtomicUsize::new(0);
-        let most = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for t in 0..16u64 {
-                let (cache, running, most) = (&cache, &running, &most);
-                s.spawn(move || {
-                    let mut x = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
-                    for _ in 0..300 {
-                        let c = next(&mut x) % 64;
-                        let v = cache
-                            .get_or_decode(key(9, c), LEN, |b| {
-                                let n = running.fetch_add(1, Ordering::SeqCst) + 1;
-                                most.fetch_max(n, Ordering::SeqCst);
-                                let st = cache.stats();
-                                assert!(committed(&st) <= st.capacity, "{st:?}");
-                                std::thread::yield_now();
-                                b.fill(c as f32);
-                                running.fetch_sub(1, Ordering::SeqCst);
-                                Ok(())
-                            })
-                            .unwrap();
-                        std::thread::yield_now();
-                        assert!(v.iter().all(|&e| e == c as f32));
-                    }
-                });
-            }
-        });
-        assert!(most.load(Ordering::SeqCst) <= 4, "{most:?} decodes at once");
-        let st = cache.stats();
-        assert!(committed(&st) <= st.capacity, "{st:?}");
-        assert_eq!((st.bytes_in_flight, st.bytes_held, st.in_flight), (0, 0, 0));
-        assert_eq!(st.over_budget, 0);
-    }
-
-    #[test]
-    fn no_deadlock_with_a_budget_of_one_chunk() {
-        // One chunk of budget; 24 readers (each holding its chunk across a
-        // yield, like a reply) and 8 read-ahead threads on 8 keys.
-        // Everything finishes, every reader gets the right values, and
-        // nobody needed the over-budget escape.
-        const LEN: usize = 500;
-        let cache = BlockCache::new(LEN as u64 * 4);
-        std::thread::scope(|s| {
-            for t in 0..32u64 {
-                let cache = &cache;
-                s.spawn(move || {
-                    let mut x = 0x2545_f491_4f6c_dd1d ^ (t + 1);
-                    for _ in 0..300 {
-                        let c = next(&mut x) % 8;
-                        if t < 8 {
-                            if cache.request_ahead(key(8, c)) {
-                                cache
-                                    .prefetch(key(8, c), LEN, None, fill(c as f32))
-                                    .unwrap();
-                            }
-                            continue;
-                        }
-                        let v = cache.get_or_decode(key(8, c), LEN, fill(c as f32)).unwrap();
-                        std::thread::yield_now();
-                        assert_eq!((v.len(), v[0], v[LEN - 1]), (LEN, c as f32, c as f32));
-                    }
-                });
-            }
-        });
-        let st = cache.stats();
-        assert_eq!(st.over_budget, 0, "{st:?}");
-        assert!(committed(&st) <= st.capacity, "{st:?}");
-        assert_eq!((st.bytes_in_flight, st.bytes_held, st.in_flight), (0, 0, 0));
-    }
-
-    #[test]
-    fn read_ahead_never_evicts_a_chunk_nobody_has_read() {
-        let cache = BlockCache::new(2 * 400);
-        // As the prefetcher does: a chunk cached or in flight is not
-        // requested.
-        let p = |c| match cache.request_ahead(key(7, c)) {
-            true => cache
-                .prefetch(key(7, c), 100, None, fill(c as f32))
-                .unwrap(),
-            false => Prefetched::Present,
-        };
-        assert_eq!(p(0), Prefetched::Decoded);
-        assert_eq!(p(1), Prefetched::Decoded);
-        assert_eq!(p(0), Prefetched::Present);
-        // Both unread: a third would evict one of them.
-        assert_eq!(p(2), Prefetched::NoBudget);
-        assert_eq!(cache.stats().prefetch_refused, 1);
-        // Chunk 0 is read (a hit); now it may go.
-        cache
-            .get_or_decode(key(7, 0), 100, |_| panic!("must hit"))
-            .unwrap();
-        assert_eq!(p(2), Prefetched::Decoded);
-        assert!(!cache.is_present(key(7, 0)));
-        // A reader may evict unread chunks when nothing else is left.
-        let v = cache.get_or_decode(key(7, 3), 100, fill(3.0)).unwrap();
-        assert_eq!(v[0], 3.0);
-        assert_eq!(cache.stats().chunks, 2);
-    }
-
-    #[test]
-    fn a_held_chunk_counts_until_it_is_dropped() {
-        let cache = BlockCache::new(2 * 400);
-        let a = cache.get_or_decode(key(6, 0), 100, fill(1.0)).unwrap();
-        cache.clear();
-        let st = cache.stats();
-        assert_eq!((st.bytes_used, st.bytes_held), (0, 400));
-        // One chunk of room is left beside the held one.
-        drop(cache.get_or_decode(key(6, 1), 100, fill(2.0)).unwrap());
-        drop(cache.get_or_decode(key(6, 2), 100, fill(3.0)).unwrap());
-        let st = cache.stats();
-        // Evictions: chunk 0 by clear, chunk 1 for chunk 2.
-        assert_eq!((st.chunks, st.bytes_held, st.evictions), (1, 400, 2));
-        assert_eq!(a[99], 1.0);
-        drop(a);
-        let st = cache.stats();
-        assert_eq!((st.bytes_held, st.pool_bytes, st.bytes_used), (0, 400, 400));
-    }
-
-    #[test]
-    fn a_caller_holding_the_whole_budget_is_not_left_waiting() {
-        // The daemon never does this; a library caller that does gets its
-        // chunk after BUDGET_WAIT instead of a hang.
-        let cache = BlockCache::new(400);
-        let a = cache.get_or_decode(key(5, 0), 100, fill(1.0)).unwrap();
-        let b = cache.get_or_decode(key(5, 1), 100, fill(2.0)).unwrap();
-        assert_eq!((a[0], b[0]), (1.0, 2.0));
-        let st = cache.stats();
-        assert_eq!((st.budget_waits, st.over_budget), (1, 1));
-        drop((a, b));
-        let st = cache.stats();
-        assert!(committed(&st) <= st.capacity, "{st:?}");
-    }
-
-    #[test]
-    fn chunks_larger_than_the_budget_are_decoded_one_at_a_time() {
-        let cache = BlockCache::new(100);
-        let running = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for t in 0..4u64 {
-                let (cache, running) = (&cache, &running);
-                s.spawn(move || {
-                    for i in 0..20 {
-                        let v = cache
-                            .get_or_decode(key(4, t * 100 + i), 1000, |b| {
-                                assert_eq!(running.fetch_add(1, Ordering::SeqCst), 0);
-                                std::thread::yield_now();
-                                b.fill(1.0);
-                                running.fetch_sub(1, Ordering::SeqCst);
-                                Ok(())
-                            })
-                            .unwrap();
-                        assert_eq!(v.len(), 1000);
-                    }
-                });
-            }
-        });
-        let st = cache.stats();
-        assert_eq!((st.bytes_used, st.bytes_held, st.over_budget), (0, 0, 0));
-    }
-
-    #[test]
-    fn a_failed_decode_returns_its_budget() {
-        let cache = BlockCache::new(400);
-        for _ in 0..3 {
-            cache
-                .get_or_decode(key(3, 0), 100, |_| Err(Error::new(ErrorKind::Io, "no")))
-                .unwrap_err();
-        }
-        let st = cache.stats();
-        assert_eq!(
-            (st.bytes_in_flight, st.decode_errors, st.over_budget),
-            (0, 3, 0)
-        );
-        assert!(committed(&st) <= st.capacity);
-    }
-
-    /// A decoder that counts its calls.
-    fn counting(calls: &AtomicUsize, v: f32) -> impl FnOnce(&mut [f32]) -> Result<()> + '_ {
-        move |b| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            b.fill(v);
-            Ok(())
-        }
-    }
-
-    #[test]
-    fn a_read_ahead_request_its_reader_got_to_first_is_dropped() {
-        // On a busy machine the read-ahead thread took requests off the
-        // queue after the reader had decoded the chunk itself and moved
-        // on: it decoded the chunk again, behind the reader, evicting the
-        // one the reader was in.
-        let cache = BlockCache::new(2 * 400);
-        assert!(cache.request_ahead(key(7, 1)));
-        // Requested already: not queued twice.
-        assert!(!cache.request_ahead(key(7, 1)));
-        for c in 0..4 {
-            drop(cache.get_or_decode(key(7, c), 100, fill(c as f32)).unwrap());
-        }
-        assert!(!cache.is_present(key(7, 1)));
-        let calls = AtomicUsize::new(0);
-        let p = cache.prefetch(key(7, 1), 100, None, counting(&calls, 1.0));
-        assert_eq!(p.unwrap(), Prefetched::Passed);
-        assert_eq!(calls.load(Ordering::SeqCst), 0);
-        // A request that was not queued is forgotten.
-        assert!(cache.request_ahead(key(7, 9)));
-        cache.cancel_ahead(key(7, 9));
-        let p = cache.prefetch(key(7, 9), 100, None, counting(&calls, 9.0));
-        assert_eq!(p.unwrap(), Prefetched::Passed);
-        assert_eq!(cache.stats().bytes_decoded, 4 * 400);
-    }
-
-    #[test]
-    fn read_ahead_spares_the_chunk_its_reader_is_in() {
-        // Two chunks of budget. The reader's previous reply still holds
-        // chunk 0 when it reads chunk 1 and asks for chunk 2 ahead: the
-        // only chunk nobody holds is 1, the one the reader is in.
-        let cache = BlockCache::new(2 * 400);
-        let reply = cache.get_or_decode(key(7, 0), 100, fill(0.0)).unwrap();
-        drop(cache.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap());
-        assert!(cache.request_ahead(key(7, 2)));
-        let p = cache.prefetch(key(7, 2), 100, Some(key(7, 1)), fill(2.0));
-        assert_eq!(p.unwrap(), Prefetched::NoBudget);
-        drop(reply);
-        let calls = AtomicUsize::new(0);
-        cache
-            .get_or_decode(key(7, 1), 100, counting(&calls, 1.0))
-            .unwrap();
-        assert_eq!(calls.load(Ordering::SeqCst), 0, "chunk 1 was evicted");
-        // Chunk 0 is done with: read-ahead may take its place.
-        assert!(cache.request_ahead(key(7, 2)));
-        let p = cache.prefetch(key(7, 2), 100, Some(key(7, 1)), fill(2.0));
-        assert_eq!(p.unwrap(), Prefetched::Decoded);
-        assert!(!cache.is_present(key(7, 0)));
-    }
-
-    #[test]
-    fn a_later_read_waits_for_the_chunks_an_earlier_read_still_needs() {
-        // Two chunks of budget holding chunks 0 and 1. Read A needs chunks
-        // 0 and 1, read B (sent after it) chunks 1 and 2, as the kernel's
-        // read-ahead sends two 1 MiB reads at once. B gets chunk 1 first
-        // and needs room for chunk 2: evicting chunk 0 made A decode it
-        // again; B must wait until A has its chunks.
-        let cache = BlockCache::new(2 * 400);
-        for c in 0..2 {
-            drop(cache.get_or_decode(key(7, c), 100, fill(c as f32)).unwrap());
-        }
-        let a = cache.begin_read(None, [key(7, 0), key(7, 1)]);
-        let b = cache.begin_read(None, [key(7, 1), key(7, 2)]);
-        let calls = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            let later = s.spawn(move || {
-                assert_eq!(b.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap()[0], 1.0);
-                assert_eq!(b.get_or_decode(key(7, 2), 100, fill(2.0)).unwrap()[0], 2.0);
-            });
-            // Until B waits for budget (or, before the fix, is done).
-            while !later.is_finished() && cache.stats().budget_waits == 0 {
-                std::thread::yield_now();
-            }
-            for c in 0..2 {
-                let v = a.get_or_decode(key(7, c), 100, counting(&calls, c as f32));
-                assert_eq!(v.unwrap()[0], c as f32);
-            }
-            later.join().unwrap();
-        });
-        assert_eq!(calls.load(Ordering::SeqCst), 0, "read A decoded again");
-        drop(a);
-        let st = cache.stats();
-        assert_eq!((st.bytes_decoded, st.over_budget), (3 * 400, 0), "{st:?}");
-        assert!(lock(&cache.inner.state).needed.is_empty());
-    }
-
-    #[test]
-    fn reads_go_in_the_order_given_not_the_order_they_registered() {
-        // The same two reads, but B (the kernel's later request: a larger
-        // unique id) registers first, as when the FUSE thread given A was
-        // slower to start it. B must still wait for A's chunks.
-        let cache = BlockCache::new(2 * 400);
-        for c in 0..2 {
-            drop(cache.get_or_decode(key(7, c), 100, fill(c as f32)).unwrap());
-        }
-        let b = cache.begin_read(Some(20), [key(7, 1), key(7, 2)]);
-        let a = cache.begin_read(Some(10), [key(7, 0), key(7, 1)]);
-        let calls = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            let later = s.spawn(move || {
-                assert_eq!(b.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap()[0], 1.0);
-                assert_eq!(b.get_or_decode(key(7, 2), 100, fill(2.0)).unwrap()[0], 2.0);
-            });
-            while !later.is_finished() && cache.stats().budget_waits == 0 {
-                std::thread::yield_now();
-            }
-            for c in 0..2 {
-                let v = a.get_or_decode(key(7, c), 100, counting(&calls, c as f32));
-                assert_eq!(v.unwrap()[0], c as f32);
-            }
-            later.join().unwrap();
-        });
-        assert_eq!(calls.load(Ordering::SeqCst), 0, "read A decoded again");
-    }
-
-    #[test]
-    fn a_read_that_stops_early_lets_later_reads_go() {
-        // Read A registered chunk 0 and failed before fetching it: read B,
-        // waiting for that chunk to be fetched, goes on when A is dropped.
-        let cache = BlockCache::new(400);
-        drop(cache.get_or_decode(key(7, 0), 100, fill(0.0)).unwrap());
-        let a = cache.begin_read(None, [key(7, 0)]);
-        let b = cache.begin_read(None, [key(7, 1)]);
-        std::thread::scope(|s| {
-            let later = s.spawn(move || b.get_or_decode(key(7, 1), 100, fill(1.0)).unwrap()[0]);
-            while !later.is_finished() && cache.stats().budget_waits == 0 {
-                std::thread::yield_now();
-            }
-            drop(a);
-            assert_eq!(later.join().unwrap(), 1.0);
-        });
-        let st = cache.stats();
-        assert_eq!((st.budget_waits, st.over_budget), (1, 0), "{st:?}");
-    }
-
-    #[test]
-    fn registered_reads_and_read_ahead_never_deadlock() {
-        // Two chunks of budget; 16 readers, each registering 1 to 3
-        // consecutive chunks and fetching them in order while holding each
-        // across a yield (like a reply), and 4 read-ahead threads. Every
-        // read finishes with the right values, nobody needed the
-        // over-budget escape, and nothing stays registered.
-        const LEN: usize = 300;
-        let cache = BlockCache::new(2 * LEN as u64 * 4);
-        std::thread::scope(|s| {
-            for t in 0..20u64 {
-                let cache = &cache;
-                s.spawn(move || {
-                    let mut x = 0x853c_49e6_748f_ea9b ^ (t + 1);
-                    for _ in 0..200 {
-                        let first = next(&mut x) % 12;
-                        if t < 4 {
-                            let k = key(6, first);
-                            if cache.request_ahead(k) {
-                                let at = Some(key(6, first.saturating_sub(1)));
-                                cache.prefetch(k, LEN, at, fill(first as f32)).unwrap();
-                            }
-                            continue;
-                        }
-                        let n = 1 + next(&mut x) % 3;
-                        let read = cache.begin_read(None, (first..first + n).map(|c| key(6, c)));
-                        for c in first..first + n {
-                            let v = read.get_or_decode(key(6, c), LEN, fill(c as f32)).unwrap();
-                            std::thread::yield_now();
-                            assert_eq!((v[0], v[LEN - 1]), (c as f32, c as f32));
-                        }
-                    }
-                });
-            }
-        });
-        let st = cache.stats();
-        assert_eq!(st.over_budget, 0, "{st:?}");
-        assert!(committed(&st) <= st.capacity, "{st:?}");
-        assert_eq!((st.bytes_in_flight, st.bytes_held, st.in_flight), (0, 0, 0));
-        let s = lock(&cache.inner.state);
-        assert!(s.needed.is_empty() && s.ahead.is_empty() && s.waiting.is_empty());
-    }
-}
+mod tests;
