@@ -451,6 +451,13 @@ impl JobManager {
                 // Checks against other jobs and the insert under one lock:
                 // two submits cannot both pass.
                 let mut jobs = lock(&self.shared.jobs);
+                // Checked under the jobs lock: shutdown sets `stopping`
+                // before it walks the jobs under that lock, so a job
+                // inserted here is either refused or cancelled by it, never
+                // queued with no worker left to run it.
+                if *lock(&self.shared.stopping) {
+                    return Err("the mount is stopping: no new jobs".into());
+                }
                 let mut queued = 0;
                 for j in jobs.iter() {
                     let state = j.state();
@@ -744,6 +751,24 @@ mod tests {
         lock(&m.shared.jobs).push(popped.clone());
         m.shutdown();
         assert_eq!(popped.state(), JobState::Cancelled);
+    }
+
+    /// After shutdown no worker is left: a submit must be refused, not
+    /// queued forever (it was: "job 1 queued", and it never ran).
+    #[test]
+    fn submit_after_shutdown_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = JobManager::new(
+            dir.path().to_path_buf(),
+            JobSource::of_mount(&Arc::from(crate::backend::open(&demo(), None).unwrap())),
+            1,
+            2,
+        );
+        m.shutdown();
+        let e = m.submit("encode knot out=late.knot").unwrap_err();
+        assert!(e.contains("stopping"), "{e}");
+        assert!(m.jobs().is_empty());
+        assert!(!dir.path().join("late.knot").exists());
     }
 
     #[test]
