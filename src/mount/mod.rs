@@ -463,7 +463,9 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
         log::error!("cannot start the readiness thread: {e}");
     }
 
-    match session.run() {
+    let ran = session.run();
+    stop_state.end_session();
+    match ran {
         Ok(()) if not_ready.load(Ordering::SeqCst) => ExitCode::FAILURE,
         Ok(()) => {
             crate::logging::flush_throttled();

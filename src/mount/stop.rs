@@ -22,9 +22,9 @@
 //! reader closed it; further signals were ignored.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fuser::SessionUnmounter;
@@ -53,6 +53,11 @@ pub struct StopPlan {
 pub struct StopState {
     signal: AtomicI32,
     forced: AtomicBool,
+    /// Set when the FUSE session loop has returned. From then on the
+    /// connection number may be freed with /dev/fuse and reused by another
+    /// mount, so it must not be aborted; the lock also covers the abort
+    /// itself, so the two never overlap.
+    session_over: Mutex<bool>,
 }
 
 impl StopState {
@@ -63,6 +68,12 @@ impl StopState {
 
     pub fn forced(&self) -> bool {
         self.forced.load(Ordering::SeqCst)
+    }
+
+    /// The session loop has returned: call before the session (and its
+    /// /dev/fuse descriptor) is dropped. Waits for an abort in progress.
+    pub fn end_session(&self) {
+        *self.session_over.lock().unwrap_or_else(|p| p.into_inner()) = true;
     }
 }
 
@@ -182,7 +193,7 @@ fn stop_on_signal(
         None => format!("grace period of {grace} s is over"),
     };
     log::warn!("{reason} and the session has not ended: aborting the FUSE connection of {mp}");
-    let how = abort_connection(plan.connection);
+    let how = abort_connection(plan.connection, state);
     log::warn!("{how}");
     if second.is_none() {
         wait_for_jobs(set, &jobs_done);
@@ -252,8 +263,14 @@ fn wait_for_jobs(set: &libc::sigset_t, done: &Receiver<()>) {
 /// Abort the FUSE connection: every pending and future request on it fails
 /// (ENOTCONN), which releases readers blocked on the mount and ends the
 /// session. Returns what was done, for the log.
-fn abort_connection(connection: Option<u64>) -> String {
+fn abort_connection(connection: Option<u64>, state: &StopState) -> String {
     const EXIT: &str = "the connection is aborted when the daemon exits and closes /dev/fuse";
+    // Held until the write is done: the main thread cannot drop the session
+    // (freeing the connection number) in between.
+    let session_over = state.session_over.lock().unwrap_or_else(|p| p.into_inner());
+    if *session_over {
+        return "the session has ended; nothing to abort".into();
+    }
     let Some(n) = connection else {
         return format!("FUSE connection unknown; {EXIT}");
     };
@@ -278,6 +295,16 @@ fn abort_connection(connection: Option<u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Once the session loop has returned, the connection number may belong
+    /// to another mount: no abort is written, whatever the number.
+    #[test]
+    fn no_abort_after_the_session_ended() {
+        let state = StopState::default();
+        state.end_session();
+        let how = abort_connection(Some(u64::MAX), &state);
+        assert_eq!(how, "the session has ended; nothing to abort");
+    }
 
     #[test]
     fn signal_names() {
