@@ -278,6 +278,80 @@ fn dead_mount_after_kill9_gets_the_hint() {
     assert!(!is_mounted(&m.mp));
 }
 
+/// Item 20, a hung daemon: mounting again over a mount whose daemon does
+/// not answer (stopped here with SIGSTOP) is refused within the probe's
+/// 5 s with the way to clear it, and nothing stats the mountpoint before
+/// that probe. A `stat` the kernel cannot answer from its attribute cache
+/// (ours lasts an hour, so a daemon hung for longer) waits for the daemon;
+/// it came first, and rknot-mount hung with the mount. strace shows the
+/// order, since the cache cannot be expired from here.
+#[test]
+fn hung_daemon_is_probed_before_its_mountpoint_is_stat() {
+    if !fuse_available() {
+        return;
+    }
+    let Some(strace) = ["/usr/bin/strace", "/bin/strace"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+    else {
+        let why = "this test needs strace (tools/test.sh installs it)";
+        assert!(!env_flag("RKNOT_REQUIRE_FUSE"), "{why}");
+        eprintln!("NOTE: skipping: {why}");
+        return;
+    };
+    let src = demo_path("tiny-llama.gguf");
+    let m = Mounted::new(&src, &[]);
+    m.signal(libc::SIGSTOP);
+    let trace = m.dir.path().join("strace.txt");
+    let started = Instant::now();
+    let mut child = Command::new(strace)
+        .args([
+            "-f",
+            "-qq",
+            "-e",
+            "trace=%stat,%statfs,statx,readlink",
+            "-o",
+        ])
+        .arg(&trace)
+        .arg(mount_bin())
+        .arg(&src)
+        .arg(&m.mp)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = started + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let hung = child.try_wait().unwrap().is_none();
+    if hung {
+        let _ = child.kill();
+    }
+    let o = child.wait_with_output().unwrap();
+    let took = started.elapsed();
+    m.signal(libc::SIGCONT);
+    assert!(!hung, "rknot-mount hung on a stopped daemon's mount");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        err.contains("does not answer")
+            && err.contains(&format!("fusermount3 -uz {}", m.mp.display())),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    // The calls naming the mountpoint, in order: statfs (the probe) first.
+    let calls = std::fs::read_to_string(&trace).unwrap();
+    let quoted = format!("\"{}\"", m.mp.display());
+    let on_mp: Vec<&str> = calls.lines().filter(|l| l.contains(&quoted)).collect();
+    assert!(
+        on_mp.first().is_some_and(|l| l.contains("statfs(")),
+        "the mountpoint was stat-ed before the liveness probe:\n{}",
+        on_mp.join("\n")
+    );
+}
+
 /// Item 21: without --log-file, a background daemon logs to a bounded file
 /// name even when the mountpoint's path is longer than NAME_MAX, and says
 /// where.

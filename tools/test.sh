@@ -15,11 +15,13 @@ step() { printf '\n=== %s\n' "$*"; }
 
 step "set-up: system packages, test model, Python packages"
 # fuse3 (mount tests), rsync (the mount's rsync -a check), systemd
-# (systemd-analyze verify of the unit): installed when missing and possible.
+# (systemd-analyze verify of the unit), strace (the order of rknot-mount's
+# checks on a hung mount): installed when missing and possible.
 missing=""
 command -v fusermount3 >/dev/null || missing="$missing fuse3"
 command -v rsync >/dev/null || missing="$missing rsync"
 command -v systemd-analyze >/dev/null || missing="$missing systemd"
+command -v strace >/dev/null || missing="$missing strace"
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null

@@ -27,7 +27,16 @@ fn dead_mount(p: &Path) -> String {
 /// directory here: the kernel answers `stat` from attributes it cached for
 /// the root. So a FUSE mount is probed with `statfs`, which FUSE never
 /// caches, and one whose connection is gone gets the dead-mount hint.
+/// The probe comes before anything stats the path: a `stat` the kernel
+/// cannot answer from cache waits for the daemon, and a hung (stopped,
+/// deadlocked) daemon would hang rknot-mount with it.
 pub fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
+    if let Some(guess) = mount_path_without_stat(p)
+        && let Some(m) = mount_entry(&guess)?
+        && m.is_fuse()
+    {
+        return Err(already_mounted(&guess, &m));
+    }
     let meta = std::fs::metadata(p).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!("mountpoint {} does not exist", p.display()),
         std::io::ErrorKind::NotConnected => dead_mount(p),
@@ -41,27 +50,7 @@ pub fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
         _ => format!("mountpoint {}: {e}", p.display()),
     })?;
     if let Some(m) = mount_entry(&canon)? {
-        let what = format!("{} {}", Escaped(&m.fstype), Escaped(&m.source));
-        if m.is_fuse() {
-            match probe_fuse(&canon, PROBE_TIMEOUT) {
-                Probe::Dead => return Err(dead_mount(&canon)),
-                Probe::Hung => {
-                    return Err(format!(
-                        "{} is already a mount point ({what}) whose daemon does not answer \
-                         (statfs took over {} s); if it is stuck, clear it with: \
-                         fusermount3 -uz {}",
-                        canon.display(),
-                        PROBE_TIMEOUT.as_secs(),
-                        canon.display()
-                    ));
-                }
-                Probe::Alive => {}
-            }
-        }
-        return Err(format!(
-            "{} is already a mount point ({what})",
-            canon.display()
-        ));
+        return Err(already_mounted(&canon, &m));
     }
     let mut entries = std::fs::read_dir(&canon)
         .map_err(|e| format!("mountpoint {}: cannot list: {e}", canon.display()))?;
@@ -69,6 +58,40 @@ pub fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
         return Err(format!("mountpoint {} is not empty", canon.display()));
     }
     Ok(canon)
+}
+
+/// Where `p` would appear in mountinfo, found without touching `p` itself:
+/// its parent canonicalized, joined with its last component. None when the
+/// last component is `.`/`..` or the parent cannot be resolved; a symlink as
+/// the last component is missed too, and then the checks after `stat` apply.
+fn mount_path_without_stat(p: &Path) -> Option<PathBuf> {
+    let abs = std::path::absolute(p).ok()?;
+    let name = abs.file_name()?;
+    let parent = abs.parent()?.canonicalize().ok()?;
+    Some(parent.join(name))
+}
+
+/// The refusal for a mountpoint that is already a mount; a FUSE mount is
+/// probed first so a dead or hung one gets the way to clear it.
+fn already_mounted(canon: &Path, m: &MountEntry) -> String {
+    let what = format!("{} {}", Escaped(&m.fstype), Escaped(&m.source));
+    if m.is_fuse() {
+        match probe_fuse(canon, PROBE_TIMEOUT) {
+            Probe::Dead => return dead_mount(canon),
+            Probe::Hung => {
+                return format!(
+                    "{} is already a mount point ({what}) whose daemon does not answer \
+                     (statfs took over {} s); if it is stuck, clear it with: \
+                     fusermount3 -uz {}",
+                    canon.display(),
+                    PROBE_TIMEOUT.as_secs(),
+                    canon.display()
+                );
+            }
+            Probe::Alive => {}
+        }
+    }
+    format!("{} is already a mount point ({what})", canon.display())
 }
 
 /// What the liveness probe of a FUSE mount found.
