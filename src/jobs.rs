@@ -125,7 +125,7 @@ pub fn check_out_name(name: &str) -> Result<(), String> {
     if name.chars().any(crate::text::is_unsafe_char) {
         return Err(format!("out={name:?}: control characters are not allowed"));
     }
-    if name.len() > 255 {
+    if name.len() > crate::encode::output::NAME_MAX {
         return Err(format!("out=: name of {} bytes is too long", name.len()));
     }
     Ok(())

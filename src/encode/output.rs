@@ -27,7 +27,7 @@ use crate::error::{Error, ErrorKind, Result, err};
 use crate::source::{SourceFile, SourceVersion};
 
 /// The longest file name Linux filesystems accept (NAME_MAX).
-const NAME_MAX: usize = 255;
+pub(crate) const NAME_MAX: usize = 255;
 
 /// Where an encoder writes and what it may replace.
 #[derive(Debug, Clone)]

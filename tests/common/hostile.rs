@@ -507,18 +507,3 @@ pub fn has_raw_control(text: &str) -> bool {
     text.chars()
         .any(|c| rknot::text::is_unsafe_char(c) && c != '\n' && c != '\t')
 }
-
-/// Peak RSS (VmHWM) of a running process, bytes.
-pub fn vm_hwm(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .expect("VmHWM");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM value");
-    kib * 1024
-}
