@@ -302,14 +302,17 @@ fn check_rknot(src: &SourceFile, f: &RknotFile, faults: &mut Vec<Fault>) {
     for t in &f.tensors {
         let name = names::canonical(&t.name);
         let mut bad = 0u64;
-        let mut b = 0usize;
-        'blocks: while b < t.blocks.len() {
+        let mut b = 0u64;
+        let n = t.blocks.len();
+        // `get` is within range for every b < n.
+        let block = |i: u64| t.blocks.get(i).unwrap_or((0, 0));
+        'blocks: while b < n {
             // A run of adjacent blocks, read with one pread.
-            let start = t.blocks[b].0;
+            let start = block(b).0;
             let mut end = b;
             let mut run_end = start;
-            while end < t.blocks.len() {
-                let (o, l) = t.blocks[end];
+            while end < n {
+                let (o, l) = block(end);
                 if o != run_end || (end > b && run_end + u64::from(l) - start > RUN_BYTES) {
                     break;
                 }
@@ -326,9 +329,9 @@ fn check_rknot(src: &SourceFile, f: &RknotFile, faults: &mut Vec<Fault>) {
                 break;
             }
             for bi in b..end {
-                let (o, l) = t.blocks[bi];
+                let (o, l) = block(bi);
                 let bytes = &buf[(o - start) as usize..][..l as usize];
-                match check_block(t, &t.grid.tile(bi as u64), bytes) {
+                match check_block(t, &t.grid.tile(bi), bytes) {
                     Ok(n) => bad += n,
                     Err(e) => {
                         let e = Error::new(e.kind(), format!("block {bi}: {}", e.message()))
@@ -609,7 +612,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = rknot_file(dir.path(), f32::NAN);
         let f = RknotFile::read(&SourceFile::open(&path).unwrap()).unwrap();
-        let block_at = f.tensors[0].blocks[1].0;
+        let block_at = f.tensors[0].blocks.get(1).unwrap().0;
         let (tensor, message) = one_fault(&path);
         assert_eq!(tensor.as_deref(), Some(NAME));
         for want in [

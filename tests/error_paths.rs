@@ -176,11 +176,11 @@ fn rknot_base() -> Vec<u8> {
     v
 }
 
-/// The base .rknot with its header JSON edited by `f`.
+/// The base .rknot (version 3) with its header JSON edited by `f`.
 fn rknot_edited(f: impl FnOnce(&mut Value)) -> Vec<u8> {
-    let (mut h, body) = corpus::rknot_split(&rknot_base()).expect("valid .rknot");
+    let (mut h, body, index) = corpus::rknot3_split(&rknot_base()).expect("valid .rknot");
     f(&mut h);
-    corpus::rknot_join(&h, &body)
+    corpus::rknot3_join(&h, &body, &index)
 }
 
 // --------------------------------------------------------------------- GGUF

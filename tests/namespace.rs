@@ -91,7 +91,7 @@ fn tensors_larger_than_stat_can_report_are_not_offered() {
         return;
     }
     use rknot::format::rknot::{
-        ArchMeta, Coding, LayerOut, Manifest, RKNOT_MAGIC, TensorSpec, write_rknot,
+        ArchMeta, Coding, LayerOut, Manifest, RKNOT_MAGIC_V2, TensorSpec, write_rknot_v2,
     };
     // A valid .rknot whose one tensor is [d, d] with d = 1.5 * 2^30, all
     // rows and columns restricted to 2 standing indices: a few hundred
@@ -121,8 +121,9 @@ fn tensors_larger_than_stat_can_report_are_not_offered() {
         num_layers: 1,
         metadata: Metadata::default(),
     };
+    // Version 2: its header is right after a 10-byte prefix, easy to edit.
     let mut base = Vec::new();
-    write_rknot(
+    write_rknot_v2(
         &mut base,
         &arch,
         &[LayerOut {
@@ -147,7 +148,7 @@ fn tensors_larger_than_stat_can_report_are_not_offered() {
             &format!("\"hidden_dim\":{huge}"),
         );
     assert_ne!(edited, header, "header JSON layout changed: {header}");
-    let mut file = RKNOT_MAGIC.to_vec();
+    let mut file = RKNOT_MAGIC_V2.to_vec();
     file.extend_from_slice(&(edited.len() as u32).to_le_bytes());
     file.extend_from_slice(edited.as_bytes());
     file.extend_from_slice(&base[10 + len..]);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent reader for the rknot file formats, written from docs/FORMAT.md only.
 
-Formats: KNOT container (SK32 sketches, dense .knot), .rknot v2, GGUF v2/v3.
+Formats: KNOT container (SK32 sketches, dense .knot), .rknot v2/v3, GGUF v2/v3.
 Every tensor is served as little-endian f32, row-major over its served shape.
 
 CLI:
@@ -345,10 +345,13 @@ def open_knot(path: str, buf: bytes):
 
 
 def _check_ranges(path, ranges, limit):
-    ranges = sorted(ranges)
-    for (a0, l0, n0), (a1, l1, n1) in zip(ranges, ranges[1:]):
-        if a0 + l0 > a1 and l0 > 0 and l1 > 0:
-            raise FormatError(f"{path}: {n0} overlaps {n1}")
+    ranges = sorted(r for r in ranges if r[1] > 0)
+    end, last = -1, None   # furthest end so far, and whose it is
+    for a, l, n in ranges:
+        if a < end:
+            raise FormatError(f"{path}: {last} overlaps {n} (at byte {a})")
+        if a + l > end:
+            end, last = a + l, n
     for a, l, n in ranges:
         if a + l > limit:
             raise FormatError(f"{path}: {n} range [{a}, {a + l}) past end {limit}")
@@ -507,26 +510,184 @@ def decode_rknot_block(payload: bytes, tr: int, tc: int, mode: str, bits: int, l
     return out.reshape(tr, tc)
 
 
-def open_rknot(path, buf):
-    if len(buf) < 10:
-        raise FormatError(f"{path}: truncated .rknot header")
-    (hlen,) = struct.unpack_from("<I", buf, 6)
-    if hlen > 1 << 30 or 10 + hlen > len(buf):
-        raise FormatError(f"{path}: bad header_len {hlen}")
-    hdr = json.loads(buf[10:10 + hlen].decode("utf-8"))
+# Limits of section 11.1 that the .rknot reader applies.
+RKNOT_V2_HEADER_CAP = 1 << 30      # version 2 header_len
+RKNOT_V3_HEADER_CAP = 128 << 20    # version 3 header_len
+RKNOT_V3_INDEX_CAP = 2 << 30       # version 3 index_len
+MAX_TENSORS = 65536                # .rknot tensors of all layers
+MAX_LAYERS = 65536
+RKNOT_END = b"RKNOTEND"
+
+
+def _rknot_container(path, buf):
+    """Section 6 layouts. Returns (header dict, version, body_offset, body_len, index, index_offset);
+    index (bytes) and index_offset are None for version 2."""
+    if len(buf) < 6:
+        raise FormatError(f"{path}: truncated .rknot magic")
+    version = buf[5]
+    if version == 2:
+        if len(buf) < 10:
+            raise FormatError(f"{path}: truncated .rknot header")
+        (hlen,) = struct.unpack_from("<I", buf, 6)
+        if hlen > RKNOT_V2_HEADER_CAP:
+            raise FormatError(f"{path}: too large: header_len {hlen} over the version-2 cap "
+                              f"{RKNOT_V2_HEADER_CAP} (1 GiB)")
+        if 10 + hlen > len(buf):
+            raise FormatError(f"{path}: header_len {hlen} runs past the end of the file "
+                              f"({len(buf)} bytes)")
+        hdr_bytes = buf[10:10 + hlen]
+        body, body_len = 10 + hlen, len(buf) - (10 + hlen)
+        index = index_offset = None
+    elif version == 3:
+        n = len(buf)
+        if n < 32:
+            raise FormatError(f"{path}: version-3 .rknot of {n} bytes, shorter than the 32 bytes "
+                              f"of magic, pad and footer")
+        if buf[6:8] != b"\0\0":
+            raise FormatError(f"{path}: at byte 6: pad bytes {list(buf[6:8])} must be [0, 0]")
+        if buf[n - 8:] != RKNOT_END:
+            raise FormatError(f"{path}: at byte {n - 8}: footer magic {bytes(buf[n - 8:])!r} is not "
+                              f"{RKNOT_END!r} (file cut short or never finished?)")
+        index_len, header_len = struct.unpack_from("<QQ", buf, n - 24)
+        if header_len > RKNOT_V3_HEADER_CAP:
+            raise FormatError(f"{path}: too large: header_len {header_len} over the version-3 cap "
+                              f"{RKNOT_V3_HEADER_CAP} (128 MiB)")
+        if index_len > RKNOT_V3_INDEX_CAP:
+            raise FormatError(f"{path}: too large: index_len {index_len} over the cap "
+                              f"{RKNOT_V3_INDEX_CAP} (2 GiB)")
+        if 8 + index_len + header_len > n - 24:
+            raise FormatError(f"{path}: index_len {index_len} + header_len {header_len} do not fit "
+                              f"between byte 8 and the footer at byte {n - 24}")
+        header_offset = n - 24 - header_len
+        index_offset = header_offset - index_len
+        hdr_bytes = buf[header_offset:n - 24]
+        index = buf[index_offset:header_offset]
+        body, body_len = 8, index_offset - 8
+    else:
+        raise FormatError(f"{path}: unsupported .rknot version {version} (magic "
+                          f"{bytes(buf[:6])!r}; this reader knows 2 and 3)")
+    hdr = json.loads(hdr_bytes.decode("utf-8"))
     if not isinstance(hdr, dict):
         raise FormatError(f"{path}: header is not a JSON object")
     if "format" in hdr and hdr["format"] != "rknot":
-        raise FormatError(f"{path}: format {hdr['format']!r}")
-    if "version" in hdr and hdr["version"] != 2:
-        raise FormatError(f"{path}: version {hdr['version']!r}")
-    body = 10 + hlen
-    body_len = len(buf) - body
+        raise FormatError(f"{path}: format {hdr['format']!r} is not 'rknot'")
+    if "version" in hdr and (isinstance(hdr["version"], bool) or hdr["version"] != version):
+        raise FormatError(f"{path}: header version {hdr['version']!r} disagrees with the magic "
+                          f"(version {version})")
+    return hdr, version, body, body_len, index, index_offset
+
+
+def _tile_dims(R, C, BR, BC, CT, n):
+    """Section 6.2: rows and columns of every tile, in block order (int64 arrays)."""
+    b = np.arange(n, dtype=np.int64)
+    rt, ct = b // CT, b % CT
+    tr = np.minimum(R, rt * BR + BR) - rt * BR
+    tc = np.minimum(C, ct * BC + BC) - ct * BC
+    return tr, tc
+
+
+def _length_bounds(tr, tc, mode, bits, line_axis):
+    """Section 6.3, checked at open: [lo, hi] of a valid block length per tile."""
+    codes = (tr * tc * bits + 7) // 8
+    if mode == "uniform":
+        exact = 4 + codes
+        return exact, exact
+    lines = tr if line_axis == "rows" else tc
+    return 4 + lines, 4 + lines + codes
+
+
+def _bad_length_msg(b, length, lo, hi, tr, tc, mode):
+    want = f"{lo}" if lo == hi else f"in {lo}..={hi}"
+    return (f"block {b} ({tr}x{tc} tile, {mode}) length {length} must be {want}")
+
+
+def _u32_codes(index: bytes, at: int, n: int, w: int) -> np.ndarray:
+    """Section 6.5: n W-bit codes packed LSB-first from byte `at` of the index -> int64."""
+    if w == 0:
+        return np.zeros(n, dtype=np.int64)
+    nbytes = (n * w + 7) // 8
+    raw = np.frombuffer(index, dtype=np.uint8, count=nbytes, offset=at)
+    bitsarr = np.unpackbits(raw, bitorder="little")[:n * w].reshape(n, w).astype(np.int64)
+    return bitsarr @ (np.int64(1) << np.arange(w, dtype=np.int64))
+
+
+def _u64(v, what):
+    """A non-negative JSON integer that fits in u64 (offsets, lengths and codes of section 6.5;
+    section 11 has readers do checked u64 arithmetic on all of them)."""
+    _nonneg_int(v, what)
+    if v >= 1 << 64:
+        raise FormatError(f"{what} {v} does not fit in u64")
+    return v
+
+
+def _v3_blocks(path, stored, te, index, index_offset, body_len, R, C, BR, BC, CT, n,
+               mode, bits, line_axis):
+    """Version 3 `data` + `block_lengths` -> [(offset relative to the body, length)] per block,
+    with every check section 6.5 makes at open."""
+    where = f"{path}: tensor {stored}"
+    data = te["data"]
+    if not isinstance(data, list) or len(data) != 2:
+        raise FormatError(f"{where}: data must be [offset, length], got {data!r}")
+    d_off = _u64(data[0], f"{where}: data offset")
+    d_len = _u64(data[1], f"{where}: data length")
+    bl = te["block_lengths"]
+    if not isinstance(bl, dict):
+        raise FormatError(f"{where}: block_lengths must be an object, got {bl!r}")
+    A = _u64(bl["at"], f"{where}: block_lengths.at")
+    B = _u64(bl["base"], f"{where}: block_lengths.base")
+    S = _u64(bl["step"], f"{where}: block_lengths.step")
+    W = _u64(bl["bits"], f"{where}: block_lengths.bits")
+    if W > 32:
+        raise FormatError(f"{where}: block_lengths.bits {W} must be at most 32")
+    if (S == 0) != (W == 0):
+        raise FormatError(f"{where}: block_lengths step {S} and bits {W}: step must be 0 "
+                          f"exactly when bits is 0")
+    # The codes are bytes [A, A + nbytes) of the index; read literally, even the empty range
+    # of W = 0 must lie inside it (A <= index_len).
+    nbytes = (n * W + 7) // 8
+    if A + nbytes > len(index):
+        raise FormatError(f"{where}: its {n} length codes of {W} bits take index bytes "
+                          f"[{A}, {A + nbytes}) (file bytes [{index_offset + A}, "
+                          f"{index_offset + A + nbytes})), past the end of the {len(index)}-byte "
+                          f"block index")
+    if d_off + d_len > body_len:
+        raise FormatError(f"{where}: data [{d_off}, {d_off + d_len}) (file bytes "
+                          f"[{8 + d_off}, {8 + d_off + d_len})) lies outside the "
+                          f"{body_len}-byte body")
+    v = _u32_codes(index, A, n, W)
+    tr, tc = _tile_dims(R, C, BR, BC, CT, n)
+    lo, hi = _length_bounds(tr, tc, mode, bits, line_axis)
+    top = int(hi.max())
+    # len[b] = B + S * v[b]; clamp B and S so the arithmetic stays in int64 without changing
+    # which lengths are valid (anything above `top` is invalid either way).
+    lens = min(B, top + 1) + min(S, top + 1) * v
+    bad = np.nonzero((lens < lo) | (lens > hi))[0]
+    if bad.size:
+        b = int(bad[0])
+        raise FormatError(f"{where}: " + _bad_length_msg(b, B + S * int(v[b]), int(lo[b]),
+                                                       int(hi[b]), int(tr[b]), int(tc[b]), mode)
+                          + f" (base {B} + step {S} * code {int(v[b])})")
+    total = int(lens.sum())
+    if total != d_len:
+        raise FormatError(f"{where}: block lengths sum to {total}, but data.length is {d_len}")
+    offs = d_off + np.concatenate([[0], np.cumsum(lens)[:-1]])
+    return [(int(o), int(l)) for o, l in zip(offs, lens)], (d_off, d_len)
+
+
+def open_rknot(path, buf):
+    hdr, version, body, body_len, index, index_offset = _rknot_container(path, buf)
     num_layers = _nonneg_int(hdr["arch_meta"]["num_layers"], "num_layers")
+    layers = hdr["layers"]
+    if not isinstance(layers, list):
+        raise FormatError(f"{path}: layers must be an array")
+    if len(layers) > MAX_LAYERS:
+        raise FormatError(f"{path}: too large: {len(layers)} layers over the cap {MAX_LAYERS}")
+    if sum(len(layer["tensors"]) for layer in layers) > MAX_TENSORS:
+        raise FormatError(f"{path}: too large: more than {MAX_TENSORS} tensors")
     tensors = {}
     seen_idx = set()
     ranges = []
-    for layer in hdr["layers"]:
+    for layer in layers:
         idx = _nonneg_int(layer["index"], "index")
         if idx in seen_idx or idx >= num_layers:
             raise FormatError(f"{path}: bad layer index {idx}")
@@ -567,18 +728,26 @@ def open_rknot(path, buf):
             if not (1 <= BR <= R and 1 <= BC <= C and BR * BC <= 65536):
                 raise FormatError(f"{path}: {stored}: bad block_shape")
             RT, CT = -(-R // BR), -(-C // BC)
-            blocks = te["blocks"]
-            if len(blocks) != RT * CT:
-                raise FormatError(f"{path}: {stored}: {len(blocks)} blocks, expected {RT * CT}")
-            for bi, (bo, bl) in enumerate(blocks):
-                _nonneg_int(bo, "block offset"); _nonneg_int(bl, "block length")
-                if mode == "uniform":
-                    rt, ct = divmod(bi, CT)
-                    tr, tc = min(R, rt * BR + BR) - rt * BR, min(C, ct * BC + BC) - ct * BC
-                    if bl != 4 + (tr * tc * bits + 7) // 8:
-                        raise FormatError(f"{path}: {stored}: block {bi} length {bl} != "
-                                          f"{4 + (tr * tc * bits + 7) // 8}")
-                ranges.append((body + bo, bl, f"{stored} block {bi}"))
+            n = RT * CT
+            if version == 3:
+                blocks, (d_off, d_len) = _v3_blocks(path, stored, te, index, index_offset, body_len,
+                                                    R, C, BR, BC, CT, n, mode, bits, line_axis)
+                ranges.append((body + d_off, d_len, f"tensor {stored} data"))
+            else:
+                blocks = te["blocks"]
+                if not isinstance(blocks, list):
+                    raise FormatError(f"{path}: {stored}: blocks must be an array")
+                if len(blocks) != n:
+                    raise FormatError(f"{path}: {stored}: {len(blocks)} blocks, expected {n}")
+                tr, tc = _tile_dims(R, C, BR, BC, CT, n)
+                lo, hi = (x.tolist() for x in _length_bounds(tr, tc, mode, bits, line_axis))
+                for bi, (bo, bl) in enumerate(blocks):
+                    _nonneg_int(bo, "block offset"); _nonneg_int(bl, "block length")
+                    if not lo[bi] <= bl <= hi[bi]:
+                        raise FormatError(f"{path}: tensor {stored}: at byte {body + bo}: "
+                                          + _bad_length_msg(bi, bl, lo[bi], hi[bi],
+                                                            int(tr[bi]), int(tc[bi]), mode))
+                    ranges.append((body + bo, bl, f"{stored} block {bi}"))
             rows_map = standing if rrow else np.arange(d_out)
             cols_map = standing if rcol else np.arange(d_in)
 
@@ -602,7 +771,7 @@ def open_rknot(path, buf):
                 return full.reshape(-1)
 
             _add(tensors, Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored), path)
-    _check_ranges(path, ranges, len(buf))
+    _check_ranges(path, ranges, body + body_len)
     return tensors
 
 
@@ -709,8 +878,8 @@ def open_any(path: str):
         buf = f.read()
     head = buf[:6]
     if head[:5] == b"RKNOT":
-        if len(head) < 6 or head[5] != 2:
-            raise FormatError(f"{path}: unsupported .rknot version")
+        if len(head) < 6 or head[5] not in (2, 3):
+            raise FormatError(f"{path}: unsupported .rknot version: found {list(head)} ({head!r})")
         return "rknot", open_rknot(path, buf)
     if head[:4] == b"KNOT":
         return open_knot(path, buf)

@@ -72,6 +72,26 @@ done
 for f in demo/tiny-llama.sk32 demo/tiny-llama.rknot; do
   python3 tools/independent_reader.py check "$f" --dense demo/tiny-llama.gguf --rknot-bin "$bin"
 done
+# demo/tiny-llama.rknot is a version-2 file; version 3 (what the writer makes
+# now) is checked on files the binary just built encodes from the demo GGUF.
+v3_dir=$(mktemp -d)
+trap 'rm -rf "$unit_dir" "$v3_dir"' EXIT
+encode_v3() { # NAME [encode options...]: writes $v3_dir/NAME.rknot, checks its magic
+  local out="$v3_dir/$1.rknot"; shift
+  "$bin" encode rknot demo/tiny-llama.gguf --out "$out" "$@" >"$v3_dir/encode.log" 2>&1 \
+    || { cat "$v3_dir/encode.log"; return 1; }
+  tail -1 "$v3_dir/encode.log"
+  if [ "$(head -c 6 "$out" | od -An -tx1 | tr -d ' \n')" != 524b4e4f5403 ]; then
+    echo "$out: not a version-3 .rknot (magic $(head -c 6 "$out" | od -An -tx1))"; return 1
+  fi
+}
+encode_v3 seed-graded --graded
+encode_v3 faithful --profile faithful
+encode_v3 seed
+for f in "$v3_dir"/seed-graded.rknot "$v3_dir"/faithful.rknot "$v3_dir"/seed.rknot; do
+  python3 tools/independent_reader.py check "$f" --rknot-bin "$bin"
+  python3 tools/independent_reader.py check "$f" --dense demo/tiny-llama.gguf --rknot-bin "$bin"
+done
 python3 tools/independent_reader.py check models/SmolLM2-135M-Instruct.Q4_1.gguf --rknot-bin "$bin"
 
 step "all tests passed"

@@ -6,7 +6,7 @@ use crate::backend::{
     Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
     entry_for_read, origin,
 };
-use crate::error::Result;
+use crate::error::{ErrorKind, Result};
 use crate::format::FileFormat;
 use crate::format::rknot::{BlockMode, Manifest, RknotFile, RknotTensorInfo, decode_block};
 use crate::names::TensorName;
@@ -43,7 +43,7 @@ impl RknotBackend {
                 availability: Availability::Available,
                 granule: band_rows * t.d_in,
             };
-            let at = t.blocks.first().map_or(file.body_offset, |b| b.0);
+            let at = t.blocks.first_offset().unwrap_or(file.layout.body_offset);
             table
                 .push(info, &t.name)
                 .map_err(|e| e.path(src.path()).at(at))?;
@@ -55,7 +55,7 @@ impl RknotBackend {
             .count();
         let summary = SourceSummary {
             format: FileFormat::Rknot,
-            version: 2,
+            version: u32::from(file.layout.version),
             path: src.path().to_path_buf(),
             // Moved, not cloned: metadata can be tens of MB.
             metadata: std::mem::take(&mut file.arch.metadata),
@@ -67,12 +67,22 @@ impl RknotBackend {
                     file.arch.num_layers,
                     file.layers.len()
                 ),
-                format!(
-                    "{} tensors ({} graded), header {} bytes",
-                    file.tensors.len(),
-                    graded,
-                    file.header_len
-                ),
+                if file.layout.version == 2 {
+                    format!(
+                        "{} tensors ({} graded), header {} bytes",
+                        file.tensors.len(),
+                        graded,
+                        file.layout.header_len
+                    )
+                } else {
+                    format!(
+                        "{} tensors ({} graded), header {} bytes, block index {} bytes",
+                        file.tensors.len(),
+                        graded,
+                        file.layout.header_len,
+                        file.layout.index_len
+                    )
+                },
             ],
         };
         Ok(RknotBackend {
@@ -91,7 +101,11 @@ impl RknotBackend {
     /// Decode block `b` of tensor `t` into `tile_buf`.
     fn decode(&self, t: &RknotTensorInfo, b: u64, tile_buf: &mut Vec<f32>) -> Result<()> {
         let tile = t.grid.tile(b);
-        let (off, len) = t.blocks[b as usize];
+        let (off, len) = t.blocks.get(b).ok_or_else(|| {
+            crate::Error::new(ErrorKind::OutOfBounds, format!("block {b}: no such block"))
+                .tensor(&t.name)
+                .path(self.src.path())
+        })?;
         tile_buf.resize((tile.rows * tile.cols) as usize, 0.0);
         scratch::with_bytes(len as usize, |raw| {
             self.src.read_at(off, raw).map_err(|e| e.tensor(&t.name))?;

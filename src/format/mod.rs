@@ -41,7 +41,7 @@ pub fn too_many_tensors(what: &str) -> Error {
 /// The four kinds of file we read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileFormat {
-    /// `RKNOT\x02`: spectral-residual blocks.
+    /// `RKNOT\x02` or `RKNOT\x03`: spectral-residual blocks.
     Rknot,
     /// `KNOT` v1 with a `sketches` map: rank-r u8 factors.
     Sk32,
@@ -96,7 +96,7 @@ pub fn bad_magic(path: &Path, found: &[u8]) -> Error {
     err(
         ErrorKind::BadMagic,
         format!(
-            "bad magic: found {found:?} (\"{shown}\"); expected RKNOT\\x02 (.rknot), \
+            "bad magic: found {found:?} (\"{shown}\"); expected RKNOT\\x03 or RKNOT\\x02 (.rknot), \
              KNOT (SK32 sketch or dense .knot) or GGUF"
         ),
     )
@@ -110,14 +110,15 @@ pub fn sniff(src: &SourceFile) -> Result<Magic> {
     let mut head = [0u8; 6];
     src.read_at(0, &mut head[..n])?;
     let head = &head[..n];
-    if head.starts_with(rknot::RKNOT_MAGIC) {
+    if head == rknot::RKNOT_MAGIC_V2 || head == rknot::RKNOT_MAGIC_V3 {
         return Ok(Magic::Rknot);
     }
-    if head.len() == 6 && head.starts_with(b"RKNOT") {
+    if head.len() == 6 && head.starts_with(rknot::RKNOT_MAGIC_STEM) {
         return Err(err(
             ErrorKind::UnsupportedVersion,
             format!(
-                ".rknot version byte {} is not supported (only 2, \"RKNOT\\x02\")",
+                ".rknot version byte {} is not supported (only 2 and 3, \"RKNOT\\x02\" and \
+                 \"RKNOT\\x03\")",
                 head[5]
             ),
         )
@@ -155,7 +156,8 @@ mod tests {
             (&b"GGUF\x03\x00"[..], Ok(Magic::Gguf)),
             (b"KNOT\x01\x00", Ok(Magic::Knot)),
             (b"RKNOT\x02", Ok(Magic::Rknot)),
-            (b"RKNOT\x03", Err(ErrorKind::UnsupportedVersion)),
+            (b"RKNOT\x03", Ok(Magic::Rknot)),
+            (b"RKNOT\x04", Err(ErrorKind::UnsupportedVersion)),
             (b"", Err(ErrorKind::BadMagic)),
             (b"GG", Err(ErrorKind::BadMagic)),
         ] {

@@ -15,7 +15,9 @@ use rknot::format::container::write_container_header;
 use rknot::format::gguf::write_gguf;
 use rknot::format::knot::{KnotTensorOut, write_knot};
 use rknot::format::meta::{MetaType, MetaValue, Metadata};
-use rknot::format::rknot::{ArchMeta, Axis, Coding, LayerOut, Manifest, TensorSpec, write_rknot};
+use rknot::format::rknot::{
+    ArchMeta, Axis, Coding, LayerOut, Manifest, TensorSpec, write_rknot, write_rknot_v2,
+};
 use rknot::format::sk32::{Sketch, write_sk32};
 use rknot::quant::GgmlType;
 use serde::{Deserialize, Serialize};
@@ -357,15 +359,26 @@ pub fn layer(index: u64, m: Manifest, specs: Vec<TensorSpec>, salt: usize) -> La
     }
 }
 
-pub fn rknot_bytes(num_layers: u64, layers: &[LayerOut]) -> Vec<u8> {
-    let arch = ArchMeta {
+fn corpus_arch(num_layers: u64) -> ArchMeta {
+    ArchMeta {
         arch: "llama".to_string(),
         hidden_dim: 16,
         num_layers,
         metadata: Metadata::default(),
-    };
+    }
+}
+
+/// A version-2 .rknot (the layout of files written before version 3).
+pub fn rknot_bytes(num_layers: u64, layers: &[LayerOut]) -> Vec<u8> {
     let mut v = Vec::new();
-    write_rknot(&mut v, &arch, layers).expect("write_rknot");
+    write_rknot_v2(&mut v, &corpus_arch(num_layers), layers).expect("write_rknot_v2");
+    v
+}
+
+/// A version-3 .rknot.
+pub fn rknot3_bytes(num_layers: u64, layers: &[LayerOut]) -> Vec<u8> {
+    let mut v = Vec::new();
+    write_rknot(&mut v, &corpus_arch(num_layers), layers).expect("write_rknot");
     v
 }
 
@@ -377,6 +390,15 @@ pub fn rknot_bytes(num_layers: u64, layers: &[LayerOut]) -> Vec<u8> {
 /// block [2, 8]. Layer 1 (d 16, standing [0, 15]): `blk.1.attn_q.weight`
 /// [8, 16] unrestricted, graded max 5 by cols (widths i % 6), block [8, 8].
 pub fn rknot_base() -> Vec<u8> {
+    rknot_bytes(2, &rknot_base_layers())
+}
+
+/// [`rknot_base`] in version 3.
+pub fn rknot3_base() -> Vec<u8> {
+    rknot3_bytes(2, &rknot_base_layers())
+}
+
+fn rknot_base_layers() -> Vec<LayerOut> {
     let l0 = layer(
         0,
         manifest(16, &[1, 5, 9, 12]),
@@ -425,7 +447,7 @@ pub fn rknot_base() -> Vec<u8> {
         )],
         10,
     );
-    rknot_bytes(2, &[l0, l1])
+    vec![l0, l1]
 }
 
 pub fn rknot_seeds() -> Vec<Vec<u8>> {
@@ -479,10 +501,82 @@ pub fn rknot_seeds() -> Vec<Vec<u8>> {
     );
     vec![
         rknot_base(),
-        rknot_bytes(4, &[both]),
-        rknot_bytes(1, &[odd]),
+        rknot_bytes(4, std::slice::from_ref(&both)),
+        rknot_bytes(1, std::slice::from_ref(&odd)),
         rknot_bytes(0, &[]),
+        rknot3_base(),
+        rknot3_bytes(4, &[both]),
+        rknot3_bytes(1, &[odd]),
+        rknot3_bytes(0, &[]),
     ]
+}
+
+/// What surrounds a .rknot header of either version.
+pub enum RknotRest {
+    V2 { body: Vec<u8> },
+    V3 { body: Vec<u8>, index: Vec<u8> },
+}
+
+/// Split a .rknot of either version into its header JSON and the rest.
+pub fn rknot_split_any(bytes: &[u8]) -> Option<(Value, RknotRest)> {
+    if bytes.starts_with(b"RKNOT\x03") {
+        let (h, body, index) = rknot3_split(bytes)?;
+        Some((h, RknotRest::V3 { body, index }))
+    } else {
+        let (h, body) = rknot_split(bytes)?;
+        Some((h, RknotRest::V2 { body }))
+    }
+}
+
+/// Join raw header bytes and the rest, in the rest's version.
+pub fn rknot_raw_any(header: &[u8], rest: &RknotRest) -> Vec<u8> {
+    match rest {
+        RknotRest::V2 { body } => rknot_raw(header, body),
+        RknotRest::V3 { body, index } => rknot3_raw(header, body, index),
+    }
+}
+
+/// Split a version-3 .rknot into header JSON, body and block index.
+pub fn rknot3_split(bytes: &[u8]) -> Option<(Value, Vec<u8>, Vec<u8>)> {
+    let n = bytes.len();
+    if n < 32 || bytes.get(..6)? != b"RKNOT\x03" || bytes.get(n - 8..)? != b"RKNOTEND" {
+        return None;
+    }
+    let word = |at: usize| -> Option<usize> {
+        usize::try_from(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?)).ok()
+    };
+    let (index_len, header_len) = (word(n - 24)?, word(n - 16)?);
+    let header_at = (n - 24).checked_sub(header_len)?;
+    let index_at = header_at.checked_sub(index_len)?.max(8);
+    let h: Value = serde_json::from_slice(bytes.get(header_at..n - 24)?).ok()?;
+    Some((
+        h,
+        bytes.get(8..index_at)?.to_vec(),
+        bytes.get(index_at..header_at)?.to_vec(),
+    ))
+}
+
+/// A version-3 .rknot from raw header bytes, body and block index.
+pub fn rknot3_raw(header: &[u8], body: &[u8], index: &[u8]) -> Vec<u8> {
+    let mut v = b"RKNOT\x03\0\0".to_vec();
+    v.extend_from_slice(body);
+    v.extend_from_slice(index);
+    v.extend_from_slice(header);
+    v.extend_from_slice(&(index.len() as u64).to_le_bytes());
+    v.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    v.extend_from_slice(b"RKNOTEND");
+    v
+}
+
+pub fn rknot3_join(h: &Value, body: &[u8], index: &[u8]) -> Vec<u8> {
+    rknot3_raw(&serde_json::to_vec(h).expect("header json"), body, index)
+}
+
+/// [`rknot3_base`] with its header, body and index edited by `f`.
+fn rknot3_edit(f: impl FnOnce(&mut Value, &mut Vec<u8>, &mut Vec<u8>)) -> Vec<u8> {
+    let (mut h, mut body, mut index) = rknot3_split(&rknot3_base()).expect("valid rknot v3");
+    f(&mut h, &mut body, &mut index);
+    rknot3_join(&h, &body, &index)
 }
 
 /// Split a .rknot file into header JSON and body.
@@ -776,6 +870,7 @@ pub fn build() -> Corpus {
     sk32_cases(&mut c);
     knot_cases(&mut c);
     rknot_cases(&mut c);
+    rknot3_cases(&mut c);
     gguf_cases(&mut c);
     layered_cases(&mut c);
     magic_cases(&mut c);
@@ -1386,6 +1481,188 @@ trait Pipe: Sized {
 }
 impl<T> Pipe for T {}
 
+/// Version 3: footer, index and the new tensor fields. The rest of the
+/// header (manifests, shapes, modes) is the same as version 2's and is
+/// covered by [`rknot_cases`].
+fn rknot3_cases(c: &mut Corpus) {
+    let base = rknot3_base();
+    let n = base.len();
+    // Tensor 1 of layer 0 (graded, two blocks of equal length).
+    fn t1(h: &mut Value) -> &mut Value {
+        &mut h["layers"][0]["tensors"][1]
+    }
+    // The tensor of layer 1: graded blocks of 28 and 32 bytes, coded as
+    // base 28, step 4, 1 bit.
+    fn l1(h: &mut Value) -> &mut Value {
+        &mut h["layers"][1]["tensors"][0]
+    }
+    let hedit = |f: &dyn Fn(&mut Value)| rknot3_edit(|h, _, _| f(h));
+    c.case(
+        "rknot3_short.rknot",
+        base[..20].to_vec(),
+        "Truncated",
+        "32-byte prefix and footer",
+        "a version-3 file shorter than its prefix and footer",
+    );
+    c.case(
+        "rknot3_unfinished.rknot",
+        base[..n - 5].to_vec(),
+        "BadMagic",
+        "RKNOTEND",
+        "file cut short: the footer's end magic is missing",
+    );
+    let mut v = base.clone();
+    v[6] = 1;
+    c.case(
+        "rknot3_pad.rknot",
+        v,
+        "BadMagic",
+        "bytes 6..8",
+        "the two bytes after the magic are not zero",
+    );
+    let mut v = base.clone();
+    set(&mut v, n - 16, &(1u64 << 40).to_le_bytes());
+    c.case(
+        "rknot3_header_len_huge.rknot",
+        v,
+        "TooLarge",
+        "exceeds the 134217728-byte cap",
+        "header_len above the 128 MiB cap",
+    );
+    let mut v = base.clone();
+    set(&mut v, n - 24, &(1u64 << 40).to_le_bytes());
+    c.case(
+        "rknot3_index_len_huge.rknot",
+        v,
+        "TooLarge",
+        "exceeds the 2147483648-byte cap",
+        "index_len above the 2 GiB cap",
+    );
+    let mut v = base.clone();
+    set(&mut v, n - 24, &(n as u64).to_le_bytes());
+    c.case(
+        "rknot3_index_len_past_start.rknot",
+        v,
+        "Truncated",
+        "between prefix and footer",
+        "index_len + header_len run back past the prefix",
+    );
+    c.case(
+        "rknot3_header_version_2.rknot",
+        hedit(&|h| h["version"] = json!(2)),
+        "UnsupportedVersion",
+        "does not match the file's magic",
+        "a version-3 file whose header says version 2",
+    );
+    c.case(
+        "rknot3_no_data.rknot",
+        hedit(&|h| {
+            t1(h).as_object_mut().unwrap().remove("data");
+        }),
+        "BadJson",
+        "missing field \"data\"",
+        "a tensor without data",
+    );
+    c.case(
+        "rknot3_no_block_lengths.rknot",
+        hedit(&|h| {
+            t1(h).as_object_mut().unwrap().remove("block_lengths");
+        }),
+        "BadJson",
+        "missing field \"block_lengths\"",
+        "a tensor without block_lengths",
+    );
+    c.case(
+        "rknot3_block_lengths_no_step.rknot",
+        hedit(&|h| {
+            t1(h)["block_lengths"]
+                .as_object_mut()
+                .unwrap()
+                .remove("step");
+        }),
+        "BadJson",
+        "missing field \"step\"",
+        "block_lengths without step",
+    );
+    c.case(
+        "rknot3_data_three.rknot",
+        hedit(&|h| t1(h)["data"] = json!([0, 1, 2])),
+        "BadShape",
+        "must be [offset, length]",
+        "data with three numbers",
+    );
+    c.case(
+        "rknot3_data_past_body.rknot",
+        hedit(&|h| {
+            let off = t1(h)["data"][0].as_u64().unwrap();
+            t1(h)["data"][0] = json!(off + 100_000);
+        }),
+        "OutOfBounds",
+        "lies outside the body",
+        "a tensor's data range past the end of the body",
+    );
+    c.case(
+        "rknot3_data_overflow.rknot",
+        hedit(&|h| t1(h)["data"][0] = json!(u64::MAX - 3)),
+        "Overflow",
+        "data end",
+        "data offset + length overflows u64",
+    );
+    c.case(
+        "rknot3_length_sum.rknot",
+        hedit(&|h| {
+            let len = t1(h)["data"][1].as_u64().unwrap();
+            t1(h)["data"][1] = json!(len - 1);
+        }),
+        "LengthMismatch",
+        "add up to",
+        "block lengths do not add up to the data length",
+    );
+    c.case(
+        "rknot3_bits_33.rknot",
+        hedit(&|h| t1(h)["block_lengths"]["bits"] = json!(33)),
+        "BadValue",
+        "bits 33 is above 32",
+        "33-bit length codes: the format allows at most 32",
+    );
+    c.case(
+        "rknot3_step_zero.rknot",
+        hedit(&|h| l1(h)["block_lengths"]["step"] = json!(0)),
+        "BadValue",
+        "step is 0 exactly when bits is 0",
+        "a step of 0 with length codes of more than 0 bits",
+    );
+    c.case(
+        "rknot3_codes_past_index.rknot",
+        hedit(&|h| t1(h)["block_lengths"]["at"] = json!(1000)),
+        "OutOfBounds",
+        "the index has",
+        "length codes starting past the end of the block index",
+    );
+    c.case(
+        "rknot3_bad_block_length.rknot",
+        hedit(&|h| l1(h)["block_lengths"]["base"] = json!(100)),
+        "LengthMismatch",
+        "block 0 has length 100; its tile needs 12..=52",
+        "a block length the tile cannot have (a graded 8x8 tile at 5 bits: 12 to 52 bytes)",
+    );
+    c.case(
+        "rknot3_overlap.rknot",
+        hedit(&|h| {
+            let d0 = h["layers"][0]["tensors"][0]["data"].clone();
+            let len = d0[1].as_u64().unwrap();
+            // Tensor 2 has the same length codes as tensor 0 (uniform,
+            // equal blocks) only if shapes agree; move tensor 0 onto the
+            // first bytes of tensor 1 instead, keeping its length.
+            let t1_off = t1(h)["data"][0].as_u64().unwrap();
+            h["layers"][0]["tensors"][0]["data"] = json!([t1_off, len]);
+        }),
+        "BadValue",
+        "overlap",
+        "two tensors' data ranges overlap",
+    );
+}
+
 fn rknot_cases(c: &mut Corpus) {
     let base = rknot_base();
     let header_len = u32::from_le_bytes(base[6..10].try_into().unwrap()) as usize;
@@ -1459,13 +1736,13 @@ fn rknot_cases(c: &mut Corpus) {
         "header_len near 4 GiB is above the 1 GiB cap",
     );
     let mut v = base.clone();
-    v[5] = 3;
+    v[5] = 4;
     c.case(
-        "rknot_magic_v3.rknot",
+        "rknot_magic_v4.rknot",
         v,
         "UnsupportedVersion",
-        "version byte 3",
-        "RKNOT\\x03 magic",
+        "version byte 4",
+        "RKNOT\\x04 magic",
     );
     c.case(
         "rknot_header_version_3.rknot",

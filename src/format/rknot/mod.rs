@@ -1,13 +1,18 @@
 //! .rknot: the spectral-residual format.
 //!
 //! ```text
-//! "RKNOT\x02" | u32 LE header_len | header_json | body
+//! version 3: "RKNOT\x03\0\0" | body | block index | header_json
+//!            | u64 LE index_len | u64 LE header_len | "RKNOTEND"
+//! version 2: "RKNOT\x02" | u32 LE header_len | header_json | body
 //! ```
 //! The header holds `arch_meta` and, per layer, a spectral manifest (the
 //! "standing" hidden dimensions) and a pointer table for each tensor the
 //! layer carries: shape, which axes are restricted to the standing
-//! indices, bit widths, tile shape and the body offset/length of every
-//! block. A block is one tile of the tensor's *compact* matrix (the matrix
+//! indices, bit widths, tile shape and where its blocks are: version 2
+//! lists every block's offset and length in the JSON; version 3 gives the
+//! tensor's data range and codes its block lengths in the binary block
+//! index ([`blocks`]). Version 3 puts header and index after the body, so
+//! a writer streams blocks out as it makes them. A block is one tile of the tensor's *compact* matrix (the matrix
 //! with restricted axes reduced to the standing indices) and decodes on its
 //! own:
 //!
@@ -41,19 +46,44 @@ use crate::format::{MAX_TENSORS, too_many_tensors};
 use crate::names;
 use crate::source::SourceFile;
 
-pub const RKNOT_MAGIC: &[u8; 6] = b"RKNOT\x02";
-/// Magic + header_len.
-pub const RKNOT_PREFIX_LEN: u64 = 10;
-pub const RKNOT_VERSION: u64 = 2;
-/// Largest header JSON we parse. The header lists every block's offset and
-/// length (~18 bytes of JSON per block), so it grows with the model:
-/// SmolLM2-135M at 5 bits per weight has an 8 MB header, a 7B model ~420 MB.
-/// 1 GiB holds models up to ~17B parameters at that tiling; the reader keeps
-/// peak memory within ~4x the header (blocks are kept as 16-byte pairs, the
-/// rest is small), so the cap bounds what a hostile header costs without
-/// refusing real files. (A binary block table would make this cap
-/// unnecessary; that is a format change.)
+pub mod blocks;
+
+pub use blocks::{BlockTable, LengthCode, PackedLengths};
+
+/// The first 5 bytes of every .rknot; the 6th is the version.
+pub const RKNOT_MAGIC_STEM: &[u8; 5] = b"RKNOT";
+pub const RKNOT_MAGIC_V2: &[u8; 6] = b"RKNOT\x02";
+/// Version 3 starts with this and two zero bytes (the body is 8-aligned).
+pub const RKNOT_MAGIC_V3: &[u8; 6] = b"RKNOT\x03";
+/// Version 2: magic + u32 header_len.
+pub const RKNOT_V2_PREFIX_LEN: u64 = 10;
+/// Version 3: where the body starts.
+pub const RKNOT_V3_BODY_OFFSET: u64 = 8;
+/// Version 3's last 8 bytes.
+pub const RKNOT_V3_END_MAGIC: &[u8; 8] = b"RKNOTEND";
+/// Version 3's footer: index_len, header_len, end magic.
+pub const RKNOT_V3_FOOTER_LEN: u64 = 24;
+/// The version new files are written in.
+pub const RKNOT_VERSION: u64 = 3;
+/// Largest version-2 header JSON we parse. That header lists every block's
+/// offset and length (~18 bytes of JSON per block), so it grows with the
+/// model: SmolLM2-135M at 5 bits per weight has an 8 MB header, a 7B model
+/// ~420 MB. 1 GiB holds models up to ~17B parameters at that tiling; the
+/// reader keeps peak memory within ~4x the header (blocks are kept as
+/// 16-byte pairs, the rest is small), so the cap bounds what a hostile
+/// header costs without refusing real files.
 pub const MAX_HEADER_LEN: u64 = 1 << 30;
+/// Largest version-3 header JSON. It no longer lists blocks: what remains
+/// is the model metadata (a tokenizer is a few MB; GGUF headers are capped
+/// at 64 MiB), one manifest per layer (~30 bytes per hidden dimension: 18
+/// MB for an 80-layer, 8192-wide model) and ~300 bytes per tensor.
+pub const MAX_HEADER_LEN_V3: u64 = 128 << 20;
+/// Largest version-3 block index. Its size is about blocks x bits / 8: a
+/// 70B model in 256-value blocks at 4 bits is 140 MB; 2 GiB is ten times
+/// the largest model anyone serves from one file, and bounds what a
+/// hostile footer can make the reader allocate (the index is held in
+/// memory, plus an 8-byte anchor per 64 blocks).
+pub const MAX_INDEX_LEN: u64 = 2 << 30;
 /// Most layers a header may list (no real model has more than a few
 /// hundred).
 pub const MAX_LAYERS: u64 = MAX_TENSORS;
@@ -141,14 +171,41 @@ impl Manifest {
         })
     }
 
-    fn to_json(&self) -> Value {
+    /// The manifest as header JSON: floats in their shortest f32 form
+    /// (version 3) or widened to f64 as version 2's writer printed them.
+    fn to_json(&self, short_floats: bool) -> Value {
+        let floats = |v: &[f32]| -> Value {
+            if short_floats {
+                Value::Array(short_f32s(v))
+            } else {
+                json!(v)
+            }
+        };
         json!({
             "d": self.d, "k": self.k(),
             "standing_indices": self.standing_indices,
-            "amplitudes": self.amplitudes,
-            "phase_alignment": self.phase_alignment,
+            "amplitudes": floats(&self.amplitudes),
+            "phase_alignment": floats(&self.phase_alignment),
         })
     }
+}
+
+/// f32 values as JSON numbers in their shortest form ("0.49652302", not the
+/// f64 widening "0.49652302265167236"): about half the bytes of a
+/// manifest. Readers parse a number as f64 and round it to f32; a value
+/// for which that would not give it back (a double rounding) keeps its
+/// exact f64 form.
+fn short_f32s(values: &[f32]) -> Vec<Value> {
+    values
+        .iter()
+        .map(|&x| {
+            let short: Option<f64> = x.to_string().parse().ok();
+            match short {
+                Some(d) if d as f32 == x => json!(d),
+                _ => json!(f64::from(x)),
+            }
+        })
+        .collect()
 }
 
 /// Uniform: every code has `bits`. Graded: each block starts with a width
@@ -246,13 +303,13 @@ pub struct RknotTensorInfo {
     /// Graded mode: the axis whose lines the width tables index.
     pub line_axis: Axis,
     pub grid: TileGrid,
-    /// Per block: absolute file offset and length.
-    pub blocks: Vec<(u64, u32)>,
+    /// Where each block is.
+    pub blocks: BlockTable,
 }
 
 impl RknotTensorInfo {
     pub fn stored_bytes(&self) -> u64 {
-        self.blocks.iter().map(|&(_, l)| u64::from(l)).sum()
+        self.blocks.stored_bytes()
     }
 
     pub fn n_elements(&self) -> u64 {
@@ -268,7 +325,7 @@ impl RknotTensorInfo {
     }
 
     /// Smallest and largest valid length of a block for a tile.
-    fn block_len_bounds(&self, t: &Tile) -> (u64, u64) {
+    pub fn block_len_bounds(&self, t: &Tile) -> (u64, u64) {
         let n = t.rows * t.cols;
         let max_codes = (n * u64::from(self.bits)).div_ceil(8);
         match self.mode {
@@ -296,13 +353,26 @@ pub struct RknotLayer {
     pub manifest: Arc<Manifest>,
 }
 
+/// Where the parts of a .rknot file are (absolute offsets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// 2 or 3.
+    pub version: u8,
+    pub header_offset: u64,
+    pub header_len: u64,
+    /// Version 2: block offsets in the header are relative to it; version
+    /// 3: tensor data offsets are.
+    pub body_offset: u64,
+    pub body_len: u64,
+    /// Version 3's block index (0, 0 for version 2).
+    pub index_offset: u64,
+    pub index_len: u64,
+}
+
 /// A parsed .rknot file.
 #[derive(Debug, Clone)]
 pub struct RknotFile {
-    pub header_len: u64,
-    /// Absolute offset of the body; block offsets in the header are
-    /// relative to it.
-    pub body_offset: u64,
+    pub layout: Layout,
     pub arch: ArchMeta,
     pub layers: Vec<RknotLayer>,
     pub tensors: Vec<RknotTensorInfo>,
@@ -311,24 +381,48 @@ pub struct RknotFile {
 impl RknotFile {
     pub fn read(src: &SourceFile) -> Result<RknotFile> {
         let path = src.path();
-        if src.len() < RKNOT_PREFIX_LEN {
-            return Err(err(
-                ErrorKind::Truncated,
-                format!(
-                    ".rknot needs a {RKNOT_PREFIX_LEN}-byte prefix, file has {} bytes",
-                    src.len()
-                ),
-            )
-            .path(path));
+        let layout = read_layout(src)?;
+        let raw = src.read_vec(layout.header_offset, layout.header_len, "header_json")?;
+        check_utf8(&raw, layout.header_offset, "header_json").map_err(|e| e.path(path))?;
+        let (arch, layers, tensors) =
+            parse_header(&raw, &layout, src).map_err(|e| e.path(path).at(layout.header_offset))?;
+        // Everything kept is owned: the header's bytes can go before the
+        // overlap check needs its own memory.
+        drop(raw);
+        check_overlaps(&tensors).map_err(|e| e.path(path))?;
+        Ok(RknotFile {
+            layout,
+            arch,
+            layers,
+            tensors,
+        })
+    }
+}
+
+/// Find header, index and body from the prefix (version 2) or the footer
+/// (version 3), every length checked against the file and its cap.
+pub fn read_layout(src: &SourceFile) -> Result<Layout> {
+    let path = src.path();
+    let len = src.len();
+    let truncated = |need: u64, what: &str| {
+        err(
+            ErrorKind::Truncated,
+            format!(".rknot needs a {need}-byte {what}, file has {len} bytes"),
+        )
+        .path(path)
+    };
+    if len < 6 {
+        return Err(truncated(6, "magic"));
+    }
+    let mut magic = [0u8; 6];
+    src.read_at(0, &mut magic)?;
+    if &magic == RKNOT_MAGIC_V2 {
+        if len < RKNOT_V2_PREFIX_LEN {
+            return Err(truncated(RKNOT_V2_PREFIX_LEN, "prefix"));
         }
-        let mut prefix = [0u8; 10];
-        src.read_at(0, &mut prefix)?;
-        if &prefix[..6] != RKNOT_MAGIC {
-            return Err(crate::format::bad_magic(path, &prefix[..6]));
-        }
-        let header_len = u64::from(u32::from_le_bytes([
-            prefix[6], prefix[7], prefix[8], prefix[9],
-        ]));
+        let mut n = [0u8; 4];
+        src.read_at(6, &mut n)?;
+        let header_len = u64::from(u32::from_le_bytes(n));
         if header_len > MAX_HEADER_LEN {
             return Err(err(
                 ErrorKind::TooLarge,
@@ -337,49 +431,118 @@ impl RknotFile {
             .path(path)
             .at(6));
         }
-        let body_offset = RKNOT_PREFIX_LEN + header_len;
-        if body_offset > src.len() {
+        let body_offset = RKNOT_V2_PREFIX_LEN + header_len;
+        if body_offset > len {
             return Err(err(
                 ErrorKind::Truncated,
-                format!(
-                    "header_len {header_len} runs past the end of the file ({} bytes)",
-                    src.len()
-                ),
+                format!("header_len {header_len} runs past the end of the file ({len} bytes)"),
             )
             .path(path)
             .at(6));
         }
-        let raw = src.read_vec(RKNOT_PREFIX_LEN, header_len, "header_json")?;
-        check_utf8(&raw, RKNOT_PREFIX_LEN, "header_json").map_err(|e| e.path(path))?;
-        let body_len = src.len() - body_offset;
-        let (arch, layers, tensors) = parse_header(&raw, body_offset, body_len)
-            .map_err(|e| e.path(path).at(RKNOT_PREFIX_LEN))?;
-        // Everything kept is owned: the header's bytes can go before the
-        // overlap check needs its own memory.
-        drop(raw);
-        check_overlaps(&tensors).map_err(|e| e.path(path))?;
-        Ok(RknotFile {
+        return Ok(Layout {
+            version: 2,
+            header_offset: RKNOT_V2_PREFIX_LEN,
             header_len,
             body_offset,
-            arch,
-            layers,
-            tensors,
-        })
+            body_len: len - body_offset,
+            index_offset: 0,
+            index_len: 0,
+        });
     }
+    if &magic != RKNOT_MAGIC_V3 {
+        return Err(crate::format::bad_magic(path, &magic));
+    }
+    let min = RKNOT_V3_BODY_OFFSET + RKNOT_V3_FOOTER_LEN;
+    if len < min {
+        return Err(truncated(min, "prefix and footer"));
+    }
+    let mut pad = [0u8; 2];
+    src.read_at(6, &mut pad)?;
+    if pad != [0, 0] {
+        return Err(err(
+            ErrorKind::BadMagic,
+            format!("bytes 6..8 are {pad:?}, want [0, 0] after \"RKNOT\\x03\""),
+        )
+        .path(path)
+        .at(6));
+    }
+    let footer_at = len - RKNOT_V3_FOOTER_LEN;
+    let mut footer = [0u8; 24];
+    src.read_at(footer_at, &mut footer)?;
+    if &footer[16..] != RKNOT_V3_END_MAGIC {
+        return Err(err(
+            ErrorKind::BadMagic,
+            format!(
+                "footer ends with \"{}\", want \"RKNOTEND\" (a truncated or unfinished file)",
+                crate::text::Escaped(&String::from_utf8_lossy(&footer[16..]))
+            ),
+        )
+        .path(path)
+        .at(footer_at + 16));
+    }
+    let u64_at = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&footer[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    let (index_len, header_len) = (u64_at(0), u64_at(8));
+    if header_len > MAX_HEADER_LEN_V3 {
+        return Err(err(
+            ErrorKind::TooLarge,
+            format!("header_len {header_len} exceeds the {MAX_HEADER_LEN_V3}-byte cap"),
+        )
+        .path(path)
+        .at(footer_at + 8));
+    }
+    if index_len > MAX_INDEX_LEN {
+        return Err(err(
+            ErrorKind::TooLarge,
+            format!("index_len {index_len} exceeds the {MAX_INDEX_LEN}-byte cap"),
+        )
+        .path(path)
+        .at(footer_at));
+    }
+    // Both are below 2^32, so the sum cannot overflow.
+    let room = footer_at - RKNOT_V3_BODY_OFFSET;
+    if header_len + index_len > room {
+        return Err(err(
+            ErrorKind::Truncated,
+            format!(
+                "index_len {index_len} + header_len {header_len} exceed the {room} bytes \
+                 between prefix and footer"
+            ),
+        )
+        .path(path)
+        .at(footer_at));
+    }
+    let header_offset = footer_at - header_len;
+    let index_offset = header_offset - index_len;
+    Ok(Layout {
+        version: 3,
+        header_offset,
+        header_len,
+        body_offset: RKNOT_V3_BODY_OFFSET,
+        body_len: index_offset - RKNOT_V3_BODY_OFFSET,
+        index_offset,
+        index_len,
+    })
 }
 
 // ------------------------------------------------------------ header parse
 
-/// Absolute offset of a span captured from the header.
-fn base_of(raw: &RawValue, header: &[u8]) -> u64 {
-    RKNOT_PREFIX_LEN + crate::format::json::span_of(raw, header).start as u64
+/// Absolute offset of a span captured from the header, which starts at
+/// `at` in the file.
+fn base_of(raw: &RawValue, header: &[u8], at: u64) -> u64 {
+    at + crate::format::json::span_of(raw, header).start as u64
 }
 
 type Parsed = (ArchMeta, Vec<RknotLayer>, Vec<RknotTensorInfo>);
 
 /// Parse and validate the header JSON; block offsets are checked against
-/// the body `[body_offset, body_offset + body_len)`.
-fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
+/// the body of `layout`, version 3's block lengths read from `src`'s index.
+fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed> {
+    let at = layout.header_offset;
     let p = Parse::default();
     let budget = RefCell::new(MetaBudget::default());
     let jm = JsonMeta {
@@ -397,7 +560,7 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
             },
         }),
         raw,
-        RKNOT_PREFIX_LEN,
+        at,
         "header_json",
     )?;
     if let Some(f) = &root.format
@@ -408,13 +571,14 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
             format!("header \"format\" is {f:?}, want \"rknot\""),
         ));
     }
+    let version = u64::from(layout.version);
     if let Some(v) = &root.version
-        && *v != Seen::U64(RKNOT_VERSION)
+        && *v != Seen::U64(version)
     {
         return Err(err(
             ErrorKind::UnsupportedVersion,
             format!(
-                "header version {} is not supported (only {RKNOT_VERSION})",
+                "header version {} does not match the file's magic (version {version})",
                 v.found()
             ),
         ));
@@ -430,7 +594,7 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
     let raw_layers = p.run(
         Seed(LayersSeed { p: &p }),
         layers_raw.get().as_bytes(),
-        base_of(layers_raw, raw),
+        base_of(layers_raw, raw, at),
         "header_json",
     )?;
     let mut layers = Vec::with_capacity(raw_layers.len());
@@ -462,12 +626,12 @@ fn parse_header(raw: &[u8], body_offset: u64, body_len: u64) -> Result<Parsed> {
                 current: RefCell::new(None),
             }),
             traw.get().as_bytes(),
-            base_of(traw, raw),
+            base_of(traw, raw, at),
             "header_json",
         )?;
         for rt in raw_tensors {
             let name = rt.name.clone().unwrap_or_else(|| "<unnamed>".into());
-            let t = build_tensor(rt, layer_pos, &manifest, body_offset, body_len, &p, raw)
+            let t = build_tensor(rt, layer_pos, &manifest, layout, src, &p, raw)
                 .map_err(|e| e.tensor(&name))?;
             tensors.push(t);
         }
@@ -741,7 +905,12 @@ struct RawTensor<'de> {
     bits: Option<u64>,
     line_axis: Option<Seen>,
     block_shape: Option<Vec<u64>>,
+    /// Version 2.
     blocks: Option<&'de RawValue>,
+    /// Version 3: `[offset, length]` of the tensor's blocks in the body.
+    data: Option<Vec<u64>>,
+    /// Version 3: how the block lengths are coded.
+    block_lengths: Option<LengthCode>,
 }
 
 struct TensorFields<'a, 'de> {
@@ -788,6 +957,22 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
                 }))?);
             }
             "blocks" => r.blocks = Some(raw_value(map)?),
+            "data" => {
+                r.data = Some(map.next_value_seed(Seed(U64Array {
+                    f,
+                    max: Some(two(
+                        "data has more than 2 entries (must be [offset, length])",
+                    )),
+                    increasing: None,
+                }))?);
+            }
+            "block_lengths" => {
+                r.block_lengths = Some(map.next_value_seed(Seed(ObjectOf {
+                    p,
+                    ctx: "tensor: field \"block_lengths\"",
+                    state: LengthFields { p, seen: [None; 4] },
+                }))?);
+            }
             _ => skip_value(map)?,
         }
         Ok(())
@@ -835,8 +1020,8 @@ fn build_tensor(
     r: RawTensor<'_>,
     layer: usize,
     manifest: &Manifest,
-    body_offset: u64,
-    body_len: u64,
+    layout: &Layout,
+    src: &SourceFile,
     p: &Parse,
     header: &[u8],
 ) -> Result<RknotTensorInfo> {
@@ -939,7 +1124,6 @@ fn build_tensor(
         block_rows,
         block_cols,
     };
-    let blocks_raw = required(r.blocks, ctx, "blocks")?;
     let mut info = RknotTensorInfo {
         name,
         layer,
@@ -951,20 +1135,139 @@ fn build_tensor(
         bits: bits as u8,
         line_axis,
         grid,
-        blocks: Vec::new(),
+        blocks: BlockTable::Listed(Vec::new()),
     };
-    info.blocks = p.run(
-        Seed(BlocksSeed {
-            p,
-            info: &info,
-            body_offset,
-            body_len,
-        }),
-        blocks_raw.get().as_bytes(),
-        base_of(blocks_raw, header),
-        "header_json",
-    )?;
+    if layout.version == 2 {
+        let blocks_raw = required(r.blocks, ctx, "blocks")?;
+        info.blocks = BlockTable::Listed(p.run(
+            Seed(BlocksSeed {
+                p,
+                info: &info,
+                body_offset: layout.body_offset,
+                body_len: layout.body_len,
+            }),
+            blocks_raw.get().as_bytes(),
+            base_of(blocks_raw, header, layout.header_offset),
+            "header_json",
+        )?);
+    } else {
+        let data = required(r.data, ctx, "data")?;
+        let code = required(r.block_lengths, ctx, "block_lengths")?;
+        info.blocks = packed_blocks(&info, &data, code, layout, src)?;
+    }
     Ok(info)
+}
+
+/// A version-3 tensor's block table: its data range checked against the
+/// body, its packed lengths read from the index and checked against the
+/// tiles and the data length.
+fn packed_blocks(
+    info: &RknotTensorInfo,
+    data: &[u64],
+    code: LengthCode,
+    layout: &Layout,
+    src: &SourceFile,
+) -> Result<BlockTable> {
+    let [offset, length] = data[..] else {
+        return Err(err(
+            ErrorKind::BadJson,
+            format!("data {data:?} must be [offset, length]"),
+        ));
+    };
+    let end = add(offset, length, "data end")?;
+    if end > layout.body_len {
+        return Err(err(
+            ErrorKind::OutOfBounds,
+            format!(
+                "data [{offset}, {end}) lies outside the body ({} bytes)",
+                layout.body_len
+            ),
+        )
+        .at(layout.body_offset.saturating_add(offset)));
+    }
+    let start = layout.body_offset + offset;
+    let n = info.grid.n_blocks();
+    // Before the width sizes anything.
+    if code.bits > blocks::MAX_LENGTH_BITS {
+        return Err(err(
+            ErrorKind::BadValue,
+            format!(
+                "block_lengths bits {} is above {}",
+                code.bits,
+                blocks::MAX_LENGTH_BITS
+            ),
+        ));
+    }
+    let packed_len = code.packed_len(n)?;
+    let packed_end = add(code.at, packed_len, "block index end")?;
+    if packed_end > layout.index_len {
+        return Err(err(
+            ErrorKind::OutOfBounds,
+            format!(
+                "block_lengths of {n} blocks at {} bits need index bytes [{}, {packed_end}); \
+                 the index has {} bytes",
+                code.bits, code.at, layout.index_len
+            ),
+        )
+        .at(layout.index_offset.saturating_add(code.at)));
+    }
+    let index_at = layout.index_offset + code.at;
+    let packed = src.read_vec(index_at, packed_len, "block index")?;
+    let grid = &info.grid;
+    let (rt, ct) = (grid.row_tiles(), grid.col_tiles());
+    // A block of each tile size: interior, right edge, bottom edge, corner.
+    let one_of_each = [0, ct - 1, (rt - 1) * ct, n - 1];
+    let table = PackedLengths::build(
+        code,
+        n,
+        packed,
+        (start, length),
+        |b| info.block_len_bounds(&grid.tile(b)),
+        &one_of_each,
+    )
+    .map_err(|e| e.at(index_at))?;
+    Ok(BlockTable::Packed(table))
+}
+
+/// A tensor's `block_lengths`: `{"at", "base", "step", "bits"}`, all
+/// required non-negative integers.
+struct LengthFields<'a> {
+    p: &'a Parse,
+    /// at, base, step, bits as seen.
+    seen: [Option<u64>; 4],
+}
+
+const LENGTH_FIELDS: [&str; 4] = ["at", "base", "step", "bits"];
+
+impl<'de> Entries<'de> for LengthFields<'_> {
+    type Value = LengthCode;
+    fn entry<A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        match LENGTH_FIELDS.iter().position(|k| *k == key) {
+            Some(i) => {
+                let f = Field::new(self.p, "block_lengths", &key);
+                self.seen[i] = Some(f.read_u64(map)?);
+            }
+            None => skip_value(map)?,
+        }
+        Ok(())
+    }
+    fn done<E: de::Error>(self) -> Result<LengthCode, E> {
+        let mut v = [0u64; 4];
+        for (i, s) in self.seen.iter().enumerate() {
+            v[i] = s.ok_or_else(|| {
+                self.p.fail(
+                    ErrorKind::BadJson,
+                    format!("block_lengths: missing field \"{}\"", LENGTH_FIELDS[i]),
+                )
+            })?;
+        }
+        Ok(LengthCode {
+            at: v[0],
+            base: v[1],
+            step: v[2],
+            bits: v[3],
+        })
+    }
 }
 
 /// A tensor's `blocks`: `[offset, length]` pairs, each checked against the
@@ -1101,14 +1404,57 @@ impl<'de> Expect<'de> for PairElem<'_> {
 
 /// No two blocks of the file may overlap.
 fn check_overlaps(tensors: &[RknotTensorInfo]) -> Result<()> {
+    // Version 3: a tensor's blocks are back to back inside its data range,
+    // so the ranges are what must not overlap.
+    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    let mut any_listed = false;
+    for (ti, t) in tensors.iter().enumerate() {
+        match &t.blocks {
+            BlockTable::Packed(_) => {
+                if let Some(start) = t.blocks.first_offset() {
+                    ranges.push((start, start + t.blocks.stored_bytes(), ti));
+                }
+            }
+            BlockTable::Listed(_) => any_listed = true,
+        }
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[0].1 > w[1].0 {
+            let (na, nb) = (&tensors[w[0].2].name, &tensors[w[1].2].name);
+            return Err(err(
+                ErrorKind::BadValue,
+                format!("tensor data ranges overlap in the body (tensors {na:?} and {nb:?})"),
+            )
+            .tensor(nb)
+            .at(w[1].0));
+        }
+    }
+    if !any_listed {
+        return Ok(());
+    }
+    check_listed_overlaps(tensors)
+}
+
+/// Version 2: no two listed blocks overlap.
+fn check_listed_overlaps(tensors: &[RknotTensorInfo]) -> Result<()> {
+    fn listed(t: &RknotTensorInfo) -> &[(u64, u32)] {
+        match &t.blocks {
+            BlockTable::Listed(v) => v,
+            BlockTable::Packed(_) => &[],
+        }
+    }
     // Writers lay blocks out in tensor and block order: check that in one
     // pass without allocating.
     let mut prev_end = 0u64;
-    let in_order = tensors.iter().flat_map(|t| t.blocks.iter()).all(|&(o, l)| {
-        let ok = o >= prev_end;
-        prev_end = o + u64::from(l);
-        ok
-    });
+    let in_order = tensors
+        .iter()
+        .flat_map(|t| listed(t).iter())
+        .all(|&(o, l)| {
+            let ok = o >= prev_end;
+            prev_end = o + u64::from(l);
+            ok
+        });
     if in_order {
         return Ok(());
     }
@@ -1117,7 +1463,7 @@ fn check_overlaps(tensors: &[RknotTensorInfo]) -> Result<()> {
     let mut total = 0u64;
     for t in tensors {
         starts.push(total);
-        total += t.blocks.len() as u64;
+        total += listed(t).len() as u64;
     }
     let total = u32::try_from(total).map_err(|_| {
         err(
@@ -1127,7 +1473,10 @@ fn check_overlaps(tensors: &[RknotTensorInfo]) -> Result<()> {
     })?;
     let block = |g: u32| -> (usize, (u64, u32)) {
         let ti = starts.partition_point(|&s| s <= u64::from(g)) - 1;
-        (ti, tensors[ti].blocks[(u64::from(g) - starts[ti]) as usize])
+        (
+            ti,
+            listed(&tensors[ti])[(u64::from(g) - starts[ti]) as usize],
+        )
     };
     let mut order: Vec<u32> = (0..total).collect();
     order.sort_unstable_by_key(|&g| block(g).1.0);
@@ -1583,8 +1932,191 @@ impl TensorSpec {
     }
 }
 
-/// Write a .rknot file. Blocks are laid out in layer, tensor, block order.
+/// A tensor's header entry, with `located` (where its blocks are) after
+/// `block_shape`: the key order version 2's writer had.
+fn tensor_json(spec: &TensorSpec, located: Vec<(&str, Value)>) -> Value {
+    let mut axes = Vec::new();
+    if spec.restrict_rows {
+        axes.push("rows");
+    }
+    if spec.restrict_cols {
+        axes.push("cols");
+    }
+    let mut t = json!({
+        "name": spec.name,
+        "shape": [spec.d_out, spec.d_in],
+        "restricted_axes": axes,
+        "block_shape": [spec.block_rows, spec.block_cols],
+    });
+    for (k, v) in located {
+        t[k] = v;
+    }
+    match &spec.coding {
+        Coding::Uniform { bits } => {
+            t["mode"] = json!("uniform");
+            t["bits"] = json!(bits);
+        }
+        Coding::Graded {
+            max_bits,
+            line_axis,
+            ..
+        } => {
+            t["mode"] = json!("graded");
+            t["bits"] = json!(max_bits);
+            t["line_axis"] = json!(line_axis.name());
+        }
+    }
+    t
+}
+
+fn header_json(arch: &ArchMeta, version: u64, layers: Vec<Value>) -> Result<Vec<u8>> {
+    let header = json!({
+        "format": "rknot",
+        "version": version,
+        "arch_meta": {
+            "arch": arch.arch, "hidden_dim": arch.hidden_dim, "num_layers": arch.num_layers,
+            "metadata": arch.metadata.to_json(),
+        },
+        "layers": layers,
+    });
+    serde_json::to_vec(&header)
+        .map_err(|e| err(ErrorKind::BadJson, format!("cannot serialize header: {e}")))
+}
+
+fn write_err(e: std::io::Error) -> crate::Error {
+    err(ErrorKind::Io, format!("write: {e}"))
+}
+
+/// Writes a version-3 .rknot as a stream: each tensor's blocks go out as
+/// they are made; the block index and the header follow the last tensor,
+/// and the footer says where they are. Memory: the index (a few bits per
+/// block), the header, and one `u32` per block of the tensor being written.
+pub struct RknotWriter<W: Write> {
+    w: W,
+    /// Bytes of body written so far (block offsets are relative to the
+    /// body, which starts at byte 8).
+    body_len: u64,
+    index: Vec<u8>,
+    /// Layer index, manifest, tensor entries.
+    layers: Vec<(u64, Manifest, Vec<Value>)>,
+}
+
+impl<W: Write> RknotWriter<W> {
+    /// Start a file: writes the 8-byte prefix.
+    pub fn new(mut w: W) -> Result<RknotWriter<W>> {
+        w.write_all(RKNOT_MAGIC_V3).map_err(write_err)?;
+        w.write_all(&[0, 0]).map_err(write_err)?;
+        Ok(RknotWriter {
+            w,
+            body_len: 0,
+            index: Vec::new(),
+            layers: Vec::new(),
+        })
+    }
+
+    /// The tensors written next belong to layer `index`.
+    pub fn begin_layer(&mut self, index: u64, manifest: Manifest) {
+        self.layers.push((index, manifest, Vec::new()));
+    }
+
+    /// Write one tensor of the current layer: its blocks' payloads in block
+    /// order, exactly as many as its tiling has.
+    pub fn tensor<B: AsRef<[u8]>>(
+        &mut self,
+        spec: &TensorSpec,
+        blocks: impl IntoIterator<Item = B>,
+    ) -> Result<()> {
+        let Some((_, manifest, entries)) = self.layers.last_mut() else {
+            return Err(
+                err(ErrorKind::BadValue, "a tensor before any layer was begun").tensor(&spec.name),
+            );
+        };
+        let need = spec.grid(manifest).n_blocks();
+        let offset = self.body_len;
+        let mut lengths: Vec<u32> = Vec::new();
+        for b in blocks {
+            let b = b.as_ref();
+            let len = u32::try_from(b.len())
+                .map_err(|_| err(ErrorKind::TooLarge, format!("a block of {} bytes", b.len())))?;
+            lengths.push(len);
+            self.w.write_all(b).map_err(write_err)?;
+            self.body_len = add(self.body_len, b.len() as u64, "body size")?;
+        }
+        if lengths.len() as u64 != need {
+            return Err(err(
+                ErrorKind::BadValue,
+                format!("{} blocks for a grid of {need}", lengths.len()),
+            )
+            .tensor(&spec.name));
+        }
+        let mut code = LengthCode::for_lengths(&lengths);
+        code.at = self.index.len() as u64;
+        self.index.extend(code.pack(&lengths));
+        entries.push(tensor_json(
+            spec,
+            vec![
+                ("data", json!([offset, self.body_len - offset])),
+                (
+                    "block_lengths",
+                    json!({"at": code.at, "base": code.base, "step": code.step, "bits": code.bits}),
+                ),
+            ],
+        ));
+        Ok(())
+    }
+
+    /// Write the block index, the header and the footer; returns the
+    /// writer (flushed).
+    pub fn finish(mut self, arch: &ArchMeta) -> Result<W> {
+        let layers = std::mem::take(&mut self.layers)
+            .into_iter()
+            .map(|(index, m, tensors)| {
+                json!({"index": index, "manifest": m.to_json(true), "tensors": tensors})
+            })
+            .collect();
+        let header = header_json(arch, RKNOT_VERSION, layers)?;
+        let (index_len, header_len) = (self.index.len() as u64, header.len() as u64);
+        if header_len > MAX_HEADER_LEN_V3 || index_len > MAX_INDEX_LEN {
+            return Err(err(
+                ErrorKind::TooLarge,
+                format!(
+                    "header {header_len} bytes / block index {index_len} bytes: above the \
+                     caps readers apply ({MAX_HEADER_LEN_V3} / {MAX_INDEX_LEN})"
+                ),
+            ));
+        }
+        self.w.write_all(&self.index).map_err(write_err)?;
+        self.w.write_all(&header).map_err(write_err)?;
+        self.w
+            .write_all(&index_len.to_le_bytes())
+            .map_err(write_err)?;
+        self.w
+            .write_all(&header_len.to_le_bytes())
+            .map_err(write_err)?;
+        self.w.write_all(RKNOT_V3_END_MAGIC).map_err(write_err)?;
+        self.w.flush().map_err(write_err)?;
+        Ok(self.w)
+    }
+}
+
+/// Write a .rknot file (version 3) from layers held in memory. Blocks are
+/// laid out in layer, tensor, block order.
 pub fn write_rknot<W: Write>(w: &mut W, arch: &ArchMeta, layers: &[LayerOut]) -> Result<()> {
+    let mut out = RknotWriter::new(w)?;
+    for l in layers {
+        out.begin_layer(l.index, l.manifest.clone());
+        for (spec, blocks) in &l.tensors {
+            out.tensor(spec, blocks)?;
+        }
+    }
+    out.finish(arch)?;
+    Ok(())
+}
+
+/// Write the previous layout, version 2 (every block listed in the JSON
+/// header). Nothing writes it any more but tests: they check that files
+/// made by earlier releases keep opening and serving the same bytes.
+pub fn write_rknot_v2<W: Write>(w: &mut W, arch: &ArchMeta, layers: &[LayerOut]) -> Result<()> {
     let mut offset = 0u64;
     let mut layer_json = Vec::new();
     for l in layers {
@@ -1603,62 +2135,23 @@ pub fn write_rknot<W: Write>(w: &mut W, arch: &ArchMeta, layers: &[LayerOut]) ->
                 table.push(json!([offset, b.len()]));
                 offset = add(offset, b.len() as u64, "body size")?;
             }
-            let mut axes = Vec::new();
-            if spec.restrict_rows {
-                axes.push("rows");
-            }
-            if spec.restrict_cols {
-                axes.push("cols");
-            }
-            let mut t = json!({
-                "name": spec.name,
-                "shape": [spec.d_out, spec.d_in],
-                "restricted_axes": axes,
-                "block_shape": [spec.block_rows, spec.block_cols],
-                "blocks": table,
-            });
-            match &spec.coding {
-                Coding::Uniform { bits } => {
-                    t["mode"] = json!("uniform");
-                    t["bits"] = json!(bits);
-                }
-                Coding::Graded {
-                    max_bits,
-                    line_axis,
-                    ..
-                } => {
-                    t["mode"] = json!("graded");
-                    t["bits"] = json!(max_bits);
-                    t["line_axis"] = json!(line_axis.name());
-                }
-            }
-            tj.push(t);
+            tj.push(tensor_json(spec, vec![("blocks", json!(table))]));
         }
-        layer_json.push(json!({"index": l.index, "manifest": l.manifest.to_json(), "tensors": tj}));
+        layer_json
+            .push(json!({"index": l.index, "manifest": l.manifest.to_json(false), "tensors": tj}));
     }
-    let header = json!({
-        "format": "rknot",
-        "version": RKNOT_VERSION,
-        "arch_meta": {
-            "arch": arch.arch, "hidden_dim": arch.hidden_dim, "num_layers": arch.num_layers,
-            "metadata": arch.metadata.to_json(),
-        },
-        "layers": layer_json,
-    });
-    let bytes = serde_json::to_vec(&header)
-        .map_err(|e| err(ErrorKind::BadJson, format!("cannot serialize header: {e}")))?;
+    let bytes = header_json(arch, 2, layer_json)?;
     let header_len = u32::try_from(bytes.len())
         .ok()
         .filter(|&n| u64::from(n) <= MAX_HEADER_LEN)
         .ok_or_else(|| err(ErrorKind::TooLarge, "header JSON is too large"))?;
-    let io = |e: std::io::Error| err(ErrorKind::Io, format!("write: {e}"));
-    w.write_all(RKNOT_MAGIC).map_err(io)?;
-    w.write_all(&header_len.to_le_bytes()).map_err(io)?;
-    w.write_all(&bytes).map_err(io)?;
+    w.write_all(RKNOT_MAGIC_V2).map_err(write_err)?;
+    w.write_all(&header_len.to_le_bytes()).map_err(write_err)?;
+    w.write_all(&bytes).map_err(write_err)?;
     for l in layers {
         for (_, blocks) in &l.tensors {
             for b in blocks {
-                w.write_all(b).map_err(io)?;
+                w.write_all(b).map_err(write_err)?;
             }
         }
     }
@@ -1724,7 +2217,7 @@ mod tests {
                 bits,
                 line_axis,
                 grid,
-                blocks: Vec::new(),
+                blocks: BlockTable::Listed(Vec::new()),
             };
             for scale in [0.5f32, -3.0, f32::MAX / 4096.0, f32::MAX / 2.0, f32::MAX] {
                 for b in 0..grid.n_blocks() {
