@@ -37,12 +37,18 @@ pub const ARRAY_SUMMARY_LIMIT: usize = 1024;
 /// `tokenizer.huggingface.json` (MBs) is not worth printing.
 pub const STRING_SUMMARY_BYTES: usize = 64 << 10;
 
-fn source_json(s: &SourceSummary) -> Value {
+/// A source file: what it is, and its honest size (whole file over the
+/// parameters served from it).
+fn source_json(s: &SourceSummary, totals: &Totals) -> Value {
+    let share = totals.file(&s.path);
     json!({
         "path": s.path.display().to_string(),
         "format": s.format.name(),
         "version": s.version,
         "notes": s.notes,
+        "file_bytes": share.map_or(0, |f| f.bytes),
+        "parameters": share.map_or(0, |f| f.parameters),
+        "bits_per_weight": share.map_or(0.0, FileShare::bits_per_weight),
     })
 }
 
@@ -60,7 +66,7 @@ pub fn tensor_json(t: &TensorInfo) -> Value {
         },
         "stored_bytes": t.stored_bytes,
         "served_bytes": t.served_bytes(),
-        "bits_per_weight": t.bits_per_weight(),
+        "payload_bits_per_weight": t.payload_bits_per_weight(),
         "available": t.is_available(),
     });
     if let Availability::Unavailable(why) = &t.availability {
@@ -93,13 +99,43 @@ pub fn model_facts(md: &Metadata) -> Vec<(String, Value)> {
     out
 }
 
+/// One source file's share of what is served.
+struct FileShare {
+    path: std::path::PathBuf,
+    /// The whole file: headers, indexes, metadata, padding and tensor data.
+    bytes: u64,
+    /// Elements of the available tensors served from it.
+    parameters: u64,
+}
+
+impl FileShare {
+    fn bits_per_weight(&self) -> f64 {
+        per_weight(self.bytes, self.parameters)
+    }
+}
+
+fn per_weight(bytes: u64, parameters: u64) -> f64 {
+    if parameters > 0 {
+        bytes as f64 * 8.0 / parameters as f64
+    } else {
+        0.0
+    }
+}
+
 /// Sums over the available tensors (saturating: a hostile file can declare
 /// sizes whose sum does not fit in u64).
+///
+/// Bits per weight are honest: the whole size of the files that serve the
+/// tensors over the parameters served. The tensors' own bytes over the
+/// same parameters is the *payload* figure, which leaves out headers, block
+/// indexes and metadata (for a .rknot version 2, an 8 MB block list in a
+/// 74 MB file).
 struct Totals {
     available: usize,
     stored: u64,
     served: u64,
     elements: u64,
+    files: Vec<FileShare>,
 }
 
 impl Totals {
@@ -109,22 +145,48 @@ impl Totals {
             stored: 0,
             served: 0,
             elements: 0,
+            files: b
+                .source_files()
+                .into_iter()
+                .map(|f| FileShare {
+                    path: f.path().to_path_buf(),
+                    bytes: f.len(),
+                    parameters: 0,
+                })
+                .collect(),
         };
         for i in b.tensors().entries().iter().filter(|t| t.is_available()) {
             t.available += 1;
             t.stored = t.stored.saturating_add(i.stored_bytes);
             t.served = t.served.saturating_add(i.served_bytes());
             t.elements = t.elements.saturating_add(i.n_elements);
+            if let Some(f) = t.files.iter_mut().find(|f| *f.path == **i.origin.path) {
+                f.parameters = f.parameters.saturating_add(i.n_elements);
+            }
         }
         t
     }
 
+    fn file(&self, path: &std::path::Path) -> Option<&FileShare> {
+        self.files.iter().find(|f| f.path == path)
+    }
+
+    /// Bytes of the files that serve at least one tensor.
+    fn file_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.parameters > 0)
+            .fold(0u64, |a, f| a.saturating_add(f.bytes))
+    }
+
+    /// Whole files x 8 / parameters served.
     fn bits_per_weight(&self) -> f64 {
-        if self.elements > 0 {
-            self.stored as f64 * 8.0 / self.elements as f64
-        } else {
-            0.0
-        }
+        per_weight(self.file_bytes(), self.elements)
+    }
+
+    /// Tensor payloads x 8 / parameters served.
+    fn payload_bits_per_weight(&self) -> f64 {
+        per_weight(self.stored, self.elements)
     }
 }
 
@@ -192,14 +254,16 @@ fn summary_json(v: &MetaValue) -> Value {
     }
 }
 
-fn totals_json(b: &dyn Backend) -> Value {
-    let totals = Totals::of(b);
+fn totals_json(b: &dyn Backend, totals: &Totals) -> Value {
     json!({
         "tensors": b.tensors().len(),
         "available": totals.available,
+        "parameters": totals.elements,
         "stored_bytes": totals.stored,
         "served_bytes": totals.served,
+        "file_bytes": totals.file_bytes(),
         "bits_per_weight": totals.bits_per_weight(),
+        "payload_bits_per_weight": totals.payload_bits_per_weight(),
     })
 }
 
@@ -250,8 +314,12 @@ impl Serialize for InspectJson<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let b = self.backend;
         let mut m = s.serialize_map(Some(6 + self.extra.len()))?;
-        m.serialize_entry("source", &source_json(b.summary()))?;
-        m.serialize_entry("fallback", &b.fallback_summary().map(source_json))?;
+        let totals = Totals::of(b);
+        m.serialize_entry("source", &source_json(b.summary(), &totals))?;
+        m.serialize_entry(
+            "fallback",
+            &b.fallback_summary().map(|f| source_json(f, &totals)),
+        )?;
         m.serialize_entry("model", &model_json(b))?;
         m.serialize_entry(
             "metadata",
@@ -267,7 +335,7 @@ impl Serialize for InspectJson<'_> {
                 extra: self.tensor_extra,
             },
         )?;
-        m.serialize_entry("totals", &totals_json(b))?;
+        m.serialize_entry("totals", &totals_json(b, &totals))?;
         for (k, v) in &self.extra {
             m.serialize_entry(k, v)?;
         }
@@ -462,8 +530,8 @@ pub fn inspect_text(b: &dyn Backend) -> String {
     let w_us = names.iter().map(|n| n.1.len()).max().unwrap_or(4).max(4);
     let _ = writeln!(
         o,
-        "  {:<w_dot$}  {:<w_us$}  {:<16}  {:<12}  {:<8}  {:>12}  {:>6}",
-        "name", "underscore name", "shape", "type", "source", "stored", "bpw"
+        "  {:<w_dot$}  {:<w_us$}  {:<16}  {:<12}  {:<8}  {:>12}  {:>11}",
+        "name", "underscore name", "shape", "type", "source", "stored", "payload bpw"
     );
     for (ti, (dot, us)) in t.iter().zip(&names) {
         let shape = format!(
@@ -480,14 +548,14 @@ pub fn inspect_text(b: &dyn Backend) -> String {
         };
         let _ = writeln!(
             o,
-            "  {:<w_dot$}  {:<w_us$}  {:<16}  {:<12}  {:<8}  {:>12}  {:>6.3}",
+            "  {:<w_dot$}  {:<w_us$}  {:<16}  {:<12}  {:<8}  {:>12}  {:>11.3}",
             dot,
             us,
             shape,
             ti.stored.to_string(),
             source,
             ti.stored_bytes,
-            ti.bits_per_weight()
+            ti.payload_bits_per_weight()
         );
         if let Availability::Unavailable(why) = &ti.availability {
             let _ = writeln!(o, "      unavailable: {}", escape(why));
@@ -495,12 +563,26 @@ pub fn inspect_text(b: &dyn Backend) -> String {
     }
     let _ = writeln!(
         o,
-        "total:     stored {} ({} B), served {} ({} B), {:.3} bits per weight",
+        "total:     stored {} ({} B), served {} ({} B), {} parameters",
         human_bytes(totals.stored),
         totals.stored,
         human_bytes(totals.served),
         totals.served,
+        totals.elements,
+    );
+    let _ = writeln!(
+        o,
+        "size:      {:.3} bits per weight: {} B of file{} x 8 / {} parameters \
+         (tensor payloads alone: {:.3})",
         totals.bits_per_weight(),
+        totals.file_bytes(),
+        if totals.files.iter().filter(|f| f.parameters > 0).count() > 1 {
+            "s"
+        } else {
+            ""
+        },
+        totals.elements,
+        totals.payload_bits_per_weight(),
     );
     o
 }
@@ -509,13 +591,14 @@ pub fn inspect_text(b: &dyn Backend) -> String {
 /// summarized as by [`inspect_json_summarized`]: the mount's index.json
 /// renders its tensors one at a time around it.
 pub fn inspect_json_without_tensors(b: &dyn Backend, array_limit: usize) -> Value {
+    let totals = Totals::of(b);
     json!({
-        "source": source_json(b.summary()),
-        "fallback": b.fallback_summary().map(source_json),
+        "source": source_json(b.summary(), &totals),
+        "fallback": b.fallback_summary().map(|f| source_json(f, &totals)),
         "model": model_json(b),
         "metadata": metadata_json_summarized(effective_metadata(b), array_limit),
         "tensors": [],
-        "totals": totals_json(b),
+        "totals": totals_json(b, &totals),
     })
 }
 

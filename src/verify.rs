@@ -99,7 +99,7 @@ impl Sums {
             "rel_err": self.rel_err(),
             "cosine": self.cosine(),
             "energy_retained": self.energy(),
-            "bits_per_weight": self.bpw(),
+            "payload_bits_per_weight": self.bpw(),
             "weights": self.n,
         })
     }
@@ -112,9 +112,22 @@ pub struct Report {
     /// (name, sums) per compared tensor.
     pub tensors: Vec<(String, Sums)>,
     pub dense: Option<String>,
+    /// The whole file's size and the parameters it serves (0 when its
+    /// header could not be read).
+    pub file_bytes: u64,
+    pub parameters: u64,
 }
 
 impl Report {
+    /// Honest bits per weight: the whole file x 8 / parameters served.
+    pub fn bits_per_weight(&self) -> f64 {
+        if self.parameters > 0 {
+            self.file_bytes as f64 * 8.0 / self.parameters as f64
+        } else {
+            0.0
+        }
+    }
+
     pub fn by_kind(&self) -> BTreeMap<String, Sums> {
         let mut m: BTreeMap<String, Sums> = BTreeMap::new();
         for (name, s) in &self.tensors {
@@ -138,6 +151,9 @@ impl Report {
             "ok": self.faults.is_empty(),
             "faults": self.faults.iter().map(|f| json!({"tensor": f.tensor, "message": f.message})).collect::<Vec<_>>(),
             "dense": self.dense,
+            "file_bytes": self.file_bytes,
+            "parameters": self.parameters,
+            "bits_per_weight": self.bits_per_weight(),
             "tensors": self.tensors.iter().map(|(n, s)| { let mut v = s.json(); v["name"] = json!(n); v }).collect::<Vec<_>>(),
             "by_kind": self.by_kind().iter().map(|(k, s)| (k.clone(), s.json())).collect::<serde_json::Map<_, _>>(),
             "overall": if self.tensors.is_empty() { Value::Null } else { self.overall().json() },
@@ -159,15 +175,23 @@ impl Report {
                 );
             }
         }
+        if self.parameters > 0 {
+            o += &format!(
+                "size:    {:.3} bits per weight ({} B file x 8 / {} parameters)\n",
+                self.bits_per_weight(),
+                self.file_bytes,
+                self.parameters
+            );
+        }
         if let Some(d) = &self.dense {
             o += &format!("dense:   {}\n", escape(d));
             o += &format!(
-                "  {:<34} {:>9} {:>9} {:>9} {:>7}\n",
-                "tensor", "rel_err", "cosine", "energy", "bpw"
+                "  {:<34} {:>9} {:>9} {:>9} {:>11}\n",
+                "tensor", "rel_err", "cosine", "energy", "payload bpw"
             );
             for (n, s) in &self.tensors {
                 o += &format!(
-                    "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>7.3}\n",
+                    "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>11.3}\n",
                     escape(n),
                     s.rel_err(),
                     s.cosine(),
@@ -178,7 +202,7 @@ impl Report {
             o += "by kind:\n";
             for (k, s) in self.by_kind() {
                 o += &format!(
-                    "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>7.3}\n",
+                    "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>11.3}\n",
                     k,
                     s.rel_err(),
                     s.cosine(),
@@ -188,7 +212,7 @@ impl Report {
             }
             let t = self.overall();
             o += &format!(
-                "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>7.3}\n",
+                "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>11.3}\n",
                 "overall",
                 t.rel_err(),
                 t.cosine(),
@@ -453,6 +477,8 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
         }],
         tensors: Vec::new(),
         dense: dense.map(|d| d.display().to_string()),
+        file_bytes: 0,
+        parameters: 0,
     };
     // A header fault is the structural verdict.
     let parsed = match ParsedFile::open(encoded) {
@@ -478,6 +504,18 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
     if stores_every_value {
         check_tensors(enc.as_ref(), &mut faults);
     }
+    let file_bytes = enc.source_files().iter().map(|f| f.len()).sum();
+    // What a mount of the file alone serves: `backend::open` applies the
+    // rules the raw backend does not (no vocabulary from a sketch).
+    let parameters = backend::open(encoded, None)
+        .map(|b| {
+            b.tensors()
+                .entries()
+                .iter()
+                .filter(|t| t.is_available())
+                .fold(0u64, |a, t| a.saturating_add(t.n_elements))
+        })
+        .unwrap_or(0);
     // Fidelity is per served element, but only of tensors the dense file
     // has with the same shape: bounded by the dense file's size.
     let tensors = match dense {
@@ -500,6 +538,8 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
         faults,
         tensors,
         dense: dense.map(|d| d.display().to_string()),
+        file_bytes,
+        parameters,
     })
 }
 

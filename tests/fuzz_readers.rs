@@ -1012,7 +1012,7 @@ fn exercise(paths: &[PathBuf], rng: &mut Rng, stats: &mut Stats) {
         let _ = b.find(&info.name.underscore);
         let n = info.n_elements;
         let size = info.served_bytes();
-        let _ = info.bits_per_weight();
+        let _ = info.payload_bits_per_weight();
         let k = n.min(4096) as usize;
         tally(b.read_f32(i, 0, &mut buf[..k]));
         tally(b.read_f32(i, n - k as u64, &mut buf[..k]));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Inference fidelity of SmolLM2 encodings read through a real mount (the
-# encoded file over the GGUF as dense fallback): bits per weight of what the
-# forward pass reads, perplexity over the GPL-3.0 text (ctx 256, 29
+# encoded file over the GGUF as dense fallback): bits per weight of the
+# encoded file (whole file x 8 / parameters it serves), perplexity over the GPL-3.0 text (ctx 256, 29
 # windows), top-1 agreement / KL / logits cosine against the GGUF, and the
 # Paris probe. Writes tests/data/quality/fidelity.json and prints markdown
 # rows for docs/QUALITY.md. Needs root (mounts). Minutes on 2 cores.
@@ -28,7 +28,9 @@ run() {  # label, file, encode args...
   python3 - "$label" "$*" "$work" >> "$work/rows.jsonl" <<'PY'
 import json, re, sys
 label, cmd, work = sys.argv[1:4]
-t = json.load(open(f"{work}/inspect.json"))["totals"]
+# The encoded file alone, whole file x 8 / parameters it serves (the GGUF
+# fallback is the same for every row).
+t = json.load(open(f"{work}/inspect.json"))["source"]
 ppl = open(f"{work}/ppl.txt").read()
 m = re.search(r"^perplexity: ([\d.]+) \+/- ([\d.]+)", ppl, re.M)
 f = re.search(r"top-1 agreement ([\d.]+) \((\d+)/(\d+)\), mean KL ([\d.]+) nats.*logits cosine mean ([-\d.]+)", ppl)

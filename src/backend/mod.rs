@@ -108,7 +108,10 @@ impl TensorInfo {
         self.n_elements * 4
     }
 
-    pub fn bits_per_weight(&self) -> f64 {
+    /// The tensor's own stored bytes per element, x 8: its payload, without
+    /// the file's headers and indexes (the honest figure is per file:
+    /// `report`'s totals).
+    pub fn payload_bits_per_weight(&self) -> f64 {
         self.stored_bytes as f64 * 8.0 / self.n_elements as f64
     }
 

@@ -337,16 +337,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
             let entries = encode::rknot::encode_rknot(b.as_ref(), &target, &o, &progress)?;
-            let bits: f64 = entries.iter().map(|e| e.stored_bytes as f64 * 8.0).sum();
-            let n: f64 = entries.iter().map(|e| e.n_elements as f64).sum();
-            (
-                out,
-                format!(
-                    "{} tensors, {:.3} bits per weight",
-                    entries.len(),
-                    bits / n.max(1.0)
-                ),
-            )
+            (out, format!("{} tensors", entries.len()))
         }
         EncodeCmd::Knot {
             gguf,
@@ -360,9 +351,26 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    // Honest size: the whole file over the parameters it serves (opening
+    // the output reads only its header).
+    let (parameters, payload) = backend::open(&out, None)
+        .map(|b| {
+            b.tensors()
+                .entries()
+                .iter()
+                .filter(|t| t.is_available())
+                .fold((0u64, 0u64), |(n, p), t| {
+                    (n + t.n_elements, p + t.stored_bytes)
+                })
+        })
+        .unwrap_or((0, 0));
+    let per_weight = |bytes: u64| bytes as f64 * 8.0 / parameters.max(1) as f64;
     eprintln!(
-        "rknot: wrote {} ({size} bytes; {summary}) in {:.1} s",
+        "rknot: wrote {} ({size} bytes, {parameters} parameters: {:.3} bits per weight; \
+         tensor payloads alone {:.3}; {summary}) in {:.1} s",
         rknot::text::escape(&out.to_string_lossy()),
+        per_weight(size),
+        per_weight(payload),
         t0.elapsed().as_secs_f64()
     );
     Ok(())

@@ -130,7 +130,9 @@ fn load(
     let label = source.describe();
     let bpw = source
         .bits_per_weight(&model.tensor_names)
-        .map_or_else(String::new, |b| format!(", {b:.3} bits/weight stored"));
+        .map_or_else(String::new, |b| {
+            format!(", {b:.3} bits/weight in tensor payloads")
+        });
     writeln!(out, "{title:<9} {label}")?;
     if let Some(n) = source.note() {
         writeln!(out, "          {n}")?;
