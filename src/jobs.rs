@@ -591,6 +591,15 @@ fn worker(s: &Shared) {
         }
         *lock(&job.started) = Some(Instant::now());
         log::info!("job {} started: {}", job.id, job.command);
+        match &job.encoding {
+            Encoding::Sk32(_) => {
+                log::warn!("job {}: {}", job.id, crate::encode::warnings::SK32);
+            }
+            Encoding::Rknot(o) if o.profile == Profile::Seed => {
+                log::warn!("job {}: {}", job.id, crate::encode::warnings::SEED_PROFILE);
+            }
+            _ => {}
+        }
         let result = match &s.pool {
             Some(p) => p.install(|| run(s, &job)),
             None => run(s, &job),

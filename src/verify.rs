@@ -543,6 +543,43 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
     })
 }
 
+/// Overall relative weight error of `enc` against `dense` over the tensors
+/// both serve (None when they share none).
+pub fn overall_error(enc: &dyn Backend, dense: &dyn Backend) -> Option<f64> {
+    let mut faults = Vec::new();
+    let tensors = compare(enc, dense, &mut faults);
+    if tensors.is_empty() {
+        return None;
+    }
+    let mut t = Sums::default();
+    for (_, s) in &tensors {
+        t.add(s);
+    }
+    Some(t.rel_err())
+}
+
+/// What an overall relative weight error means for answers, from the
+/// fidelity table of docs/QUALITY.md (SmolLM2-135M read through a mount):
+/// 0.018 kept perplexity within 2% of dense, 0.05-0.07 within 40% with the
+/// same answer to the Paris probe; 0.66 and above (SK32, the seed profile)
+/// gave perplexities of 10^5-10^8 and wrong answers.
+pub fn verdict(rel_err: f64) -> &'static str {
+    if rel_err == 0.0 {
+        "lossless: serves exactly the dense values"
+    } else if rel_err <= 0.03 {
+        "near dense: at this error SmolLM2's perplexity was within 2-12% of the dense model's"
+    } else if rel_err <= 0.08 {
+        "usable: at this error SmolLM2 still answered like the dense model (perplexity up to \
+         40% higher)"
+    } else if rel_err <= 0.3 {
+        "degraded: untested range between the usable and the broken encodings; check answers \
+         with rknot probe before using it"
+    } else {
+        "far from dense: answers will degrade (SmolLM2 at 0.66 and above answered wrongly, \
+         perplexity 10^5-10^8)"
+    }
+}
+
 /// Error for a failed verification (exit status 1 in the CLI).
 pub fn faults_error(r: &Report) -> Error {
     err(

@@ -192,7 +192,7 @@ fn rknot_seed_and_faithful_encode_verify_mount() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     for (name, extra) in [
-        ("seed.rknot", vec!["--coverage", "0.3"]),
+        ("seed.rknot", vec!["--profile", "seed", "--coverage", "0.3"]),
         ("faithful.rknot", vec!["--profile", "faithful"]),
     ] {
         let out = dir.path().join(name);
@@ -201,6 +201,49 @@ fn rknot_seed_and_faithful_encode_verify_mount() {
         check_verify_against_numpy(&out, &model);
         read_every_tensor_through_mount(&out, &model);
     }
+}
+
+/// Defaults that work: `encode rknot` without a profile is the faithful
+/// one; the seed profile and SK32 warn before they run; every encode ends
+/// with its overall weight error and what it means for answers.
+#[test]
+fn defaults_keep_the_model_and_lossy_encodings_say_what_they_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_path("tiny-llama.gguf");
+    let run = |name: &str, what: &str, extra: &[&str]| -> String {
+        let out = dir.path().join(name);
+        let o = run_rknot(&encode_args(what, &model, &out, extra));
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{err}");
+        err
+    };
+    let default = run("d.rknot", "rknot", &[]);
+    assert!(!default.contains("warning"), "{default}");
+    let faithful = run("f.rknot", "rknot", &["--profile", "faithful"]);
+    // Same encoding: same file.
+    assert_eq!(
+        std::fs::read(dir.path().join("d.rknot")).unwrap(),
+        std::fs::read(dir.path().join("f.rknot")).unwrap()
+    );
+    for err in [&default, &faithful] {
+        assert!(err.contains("overall relative weight error 0.0"), "{err}");
+        assert!(
+            err.contains(": usable:") || err.contains(": near dense:"),
+            "{err}"
+        );
+    }
+    let seed = run("s.rknot", "rknot", &["--profile", "seed"]);
+    let warn = seed.find("warning: the seed profile").expect("seed warns");
+    let done = seed.find("rknot: wrote").expect("seed writes");
+    assert!(warn < done, "the warning comes before the work: {seed}");
+    assert!(seed.contains("far from dense"), "{seed}");
+    let sk = run("s.sk32", "sk32", &[]);
+    assert!(sk.contains("warning: SK32 sketches"), "{sk}");
+    let knot = run("k.knot", "knot", &[]);
+    assert!(
+        knot.contains("overall relative weight error 0.0000") && knot.contains("lossless"),
+        "{knot}"
+    );
 }
 
 #[test]

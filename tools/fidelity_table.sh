@@ -45,8 +45,8 @@ PY
 }
 run "SK32 rank 64" s.sk32 sk32 "$model" --rank 64
 run "SK32 rank 128" s128.sk32 sk32 "$model" --rank 128
-run ".rknot seed, coverage 0.3" seed.rknot rknot "$model" --coverage 0.3
-run ".rknot seed graded (+2), coverage 1.0" sg.rknot rknot "$model" --coverage 1.0 --graded --extra-bits 2
+run ".rknot seed, coverage 0.3" seed.rknot rknot "$model" --profile seed --coverage 0.3
+run ".rknot seed graded (+2), coverage 1.0" sg.rknot rknot "$model" --profile seed --coverage 1.0 --graded --extra-bits 2
 run ".rknot faithful, 5.0 bpw" f5.rknot rknot "$model" --profile faithful
 run ".rknot faithful, 6.0 bpw" f6.rknot rknot "$model" --profile faithful --target-bpw 6
 run ".rknot faithful, 7.0 bpw" f7.rknot rknot "$model" --profile faithful --target-bpw 7

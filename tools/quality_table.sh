@@ -23,7 +23,7 @@ import json, sys
 name, cmd, secs, path, size = sys.argv[1:6]
 v = json.load(open(path))
 print(json.dumps({"name": name, "command": "rknot encode " + cmd.replace("models/", "MODELS/"), "encode_seconds": round(int(secs) / 1000, 1),
-                  "file_bytes": int(size), "ok": v["ok"], "overall": v["overall"], "by_kind": v["by_kind"]}) + ",")
+                  "file_bytes": int(size), "bits_per_weight": v["bits_per_weight"], "ok": v["ok"], "overall": v["overall"], "by_kind": v["by_kind"]}) + ",")
 PY
   echo "$name done" >&2
 }
@@ -33,8 +33,8 @@ for variant in "refit+clip (default):" "refit:--no-clip" "clip:--no-refit" "plai
 done
 for r in 16 32 128; do run "sk32 r$r" s.sk32 sk32 "$model" --rank $r; done
 for c in 0.3 0.5 1.0; do
-  run "rknot seed c$c" r.rknot rknot "$model" --coverage $c
-  run "rknot seed graded c$c" r.rknot rknot "$model" --coverage $c --graded --extra-bits 2
+  run "rknot seed c$c" r.rknot rknot "$model" --profile seed --coverage $c
+  run "rknot seed graded c$c" r.rknot rknot "$model" --profile seed --coverage $c --graded --extra-bits 2
   run "rknot faithful c$c" r.rknot rknot "$model" --profile faithful --coverage $c
 done
 for b in 4.5 6.0 7.0; do run "rknot faithful 1.0 ${b}bpw" r.rknot rknot "$model" --profile faithful --coverage 1.0 --target-bpw $b; done

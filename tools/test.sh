@@ -85,9 +85,9 @@ encode_v3() { # NAME [encode options...]: writes $v3_dir/NAME.rknot, checks its 
     echo "$out: not a version-3 .rknot (magic $(head -c 6 "$out" | od -An -tx1))"; return 1
   fi
 }
-encode_v3 seed-graded --graded
+encode_v3 seed-graded --profile seed --graded
 encode_v3 faithful --profile faithful
-encode_v3 seed
+encode_v3 seed --profile seed
 for f in "$v3_dir"/seed-graded.rknot "$v3_dir"/faithful.rknot "$v3_dir"/seed.rknot; do
   python3 tools/independent_reader.py check "$f" --rknot-bin "$bin"
   python3 tools/independent_reader.py check "$f" --dense demo/tiny-llama.gguf --rknot-bin "$bin"

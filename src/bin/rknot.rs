@@ -135,9 +135,11 @@ enum EncodeCmd {
         graded: bool,
         #[arg(long, default_value_t = 2)]
         extra_bits: u8,
-        /// seed (drop off-standing dimensions) or faithful (keep every
-        /// dimension, widths by measured sensitivity).
-        #[arg(long, default_value = "seed")]
+        /// faithful (keep every dimension, widths by measured sensitivity;
+        /// answers like the dense model) or seed (drop off-standing
+        /// dimensions, as the original design did: breaks answers, and
+        /// says so before it runs).
+        #[arg(long, default_value = "faithful")]
         profile: String,
         /// Faithful profile: bits per weight per tensor, block overhead included.
         #[arg(long, default_value_t = 5.0)]
@@ -273,7 +275,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
     use rknot::encode::{self, Progress};
     let progress = Progress::for_cli();
     let t0 = std::time::Instant::now();
-    let (out, summary) = match what {
+    let (out, input, summary) = match what {
         EncodeCmd::Sk32 {
             dense,
             out,
@@ -286,6 +288,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             overwrite,
         } => {
             let b = backend::open(&dense, None)?;
+            eprintln!("rknot: warning: {}", encode::warnings::SK32);
             let o = encode::sk32::Sk32Options {
                 rank: Some(rank),
                 energy,
@@ -301,6 +304,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
                 entries.iter().map(|e| e.rank as f64).sum::<f64>() / entries.len().max(1) as f64;
             (
                 out,
+                dense,
                 format!("{} sketches, mean rank {mean_rank:.1}", entries.len()),
             )
         }
@@ -321,7 +325,10 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
         } => {
             let b = backend::open(&dense, None)?;
             let profile = encode::rknot::Profile::parse(&profile)
-                .ok_or_else(|| format!("unknown profile {profile:?} (seed, faithful)"))?;
+                .ok_or_else(|| format!("unknown profile {profile:?} (faithful, seed)"))?;
+            if profile == encode::rknot::Profile::Seed {
+                eprintln!("rknot: warning: {}", encode::warnings::SEED_PROFILE);
+            }
             let o = encode::rknot::RknotOptions {
                 profile,
                 coverage,
@@ -337,7 +344,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
             let entries = encode::rknot::encode_rknot(b.as_ref(), &target, &o, &progress)?;
-            (out, format!("{} tensors", entries.len()))
+            (out, dense, format!("{} tensors", entries.len()))
         }
         EncodeCmd::Knot {
             gguf,
@@ -347,7 +354,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             let b = backend::open(&gguf, None)?;
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
             encode::knot::encode_knot(b.as_ref(), &target, &progress)?;
-            (out, "dense .knot".to_string())
+            (out, gguf, "dense .knot".to_string())
         }
     };
     let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
@@ -365,14 +372,27 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
         })
         .unwrap_or((0, 0));
     let per_weight = |bytes: u64| bytes as f64 * 8.0 / parameters.max(1) as f64;
+    // How far from the input the output is, and what that means for
+    // answers (decodes both once: seconds for SmolLM2).
+    let secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "rknot: wrote {} ({size} bytes, {parameters} parameters: {:.3} bits per weight; \
-         tensor payloads alone {:.3}; {summary}) in {:.1} s",
+         tensor payloads alone {:.3}; {summary}) in {secs:.1} s",
         rknot::text::escape(&out.to_string_lossy()),
         per_weight(size),
         per_weight(payload),
-        t0.elapsed().as_secs_f64()
     );
+    let fidelity = match (backend::open(&out, None), backend::open(&input, None)) {
+        (Ok(e), Ok(d)) => rknot::verify::overall_error(e.as_ref(), d.as_ref()),
+        _ => None,
+    };
+    if let Some(e) = fidelity {
+        eprintln!(
+            "rknot: overall relative weight error {e:.4} against {}: {}",
+            rknot::text::escape(&input.to_string_lossy()),
+            rknot::verify::verdict(e)
+        );
+    }
     Ok(())
 }
 

@@ -171,6 +171,20 @@ pub fn tensor_layer(dot: &str) -> Option<u64> {
     it.next()?.parse().ok()
 }
 
+/// Warnings given before an encoding known to break answers runs (the
+/// CLI prints them, a job logs them; figures: docs/QUALITY.md, fidelity
+/// table).
+pub mod warnings {
+    pub const SK32: &str = "SK32 sketches do not keep a model answering: on \
+        SmolLM2-135M, rank 64 (1.5 bits per weight) gave perplexity 3.1e7 against 20.8 dense \
+        and answered \" torchvision\" to \"The capital of France is\"; rank 128, 2.7e8. Use \
+        `rknot encode rknot` (faithful profile) for a model to run.";
+    pub const SEED_PROFILE: &str = "the seed profile drops the hidden \
+        dimensions outside its manifest: on SmolLM2-135M, coverage 0.3 gave perplexity 2.9e5 \
+        against 20.8 dense and answered \" respons\" to \"The capital of France is\". The \
+        default (--profile faithful) keeps the model answering.";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
