@@ -178,6 +178,7 @@ pub fn parse_command(line: &str) -> Result<Command, String> {
                     ("rknot", "extra_bits") => rk.extra_bits = num(k, v)?,
                     ("rknot", "target_bpw") => rk.target_bpw = num(k, v)?,
                     ("rknot", "block") => rk.block = num(k, v)?,
+                    ("rknot", "compressed_only") => rk.compressed_only = flag(k, v)?,
                     _ => return Err(format!("encode {kind}: unknown option {k:?}")),
                 }
             }

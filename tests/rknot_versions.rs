@@ -67,7 +67,7 @@ fn version_3_encode_serves_the_same_bytes_from_a_smaller_file() {
             "--target-bpw",
             "5",
         ])
-        .args(["--tensors", "blk.1.*", "-o"])
+        .args(["--tensors", "blk.1.*", "--compressed-only", "-o"])
         .arg(&out)
         .arg(demo_path("tiny-llama.gguf"))
         .output()
@@ -123,7 +123,7 @@ fn both_versions_layer_over_the_dense_fallback() {
             "--target-bpw",
             "5",
         ])
-        .args(["--tensors", "blk.1.*", "-o"])
+        .args(["--tensors", "blk.1.*", "--compressed-only", "-o"])
         .arg(&v3)
         .arg(&dense)
         .output()

@@ -139,6 +139,49 @@ impl DenseBackend {
     }
 }
 
+/// Decode elements `[first_elem, first_elem + out.len())` of a tensor stored
+/// as ggml blocks of type `ty` from absolute offset `offset` of `src` (a
+/// range checked against the tensor by the caller, the tensor's bytes
+/// against the file at open): only the blocks the range touches are read.
+pub(crate) fn read_ggml_f32(
+    src: &SourceFile,
+    info: &TensorInfo,
+    ty: GgmlType,
+    offset: u64,
+    first_elem: u64,
+    out: &mut [f32],
+) -> Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let be = ty.block_elems();
+    let bb = ty.block_bytes();
+    let end = first_elem + out.len() as u64;
+    let b0 = first_elem / be;
+    let b1 = end.div_ceil(be);
+    let off = offset + b0 * bb;
+    let kernel_err = |e: quant::KernelError| {
+        err(ErrorKind::BadValue, e.to_string())
+            .tensor(&info.name.dot)
+            .path(src.path())
+            .at(off)
+    };
+    scratch::with_bytes(((b1 - b0) * bb) as usize, |raw| {
+        src.read_at(off, raw)
+            .map_err(|e| e.tensor(&info.name.dot))?;
+        if b0 * be == first_elem && b1 * be == end {
+            quant::dequantize(ty, raw, out).map_err(kernel_err)
+        } else {
+            scratch::with_floats(((b1 - b0) * be) as usize, |tmp| {
+                quant::dequantize(ty, raw, tmp).map_err(kernel_err)?;
+                let skip = (first_elem - b0 * be) as usize;
+                out.copy_from_slice(&tmp[skip..skip + out.len()]);
+                Ok(())
+            })
+        }
+    })
+}
+
 /// One tensor as a dense reader found it, in the served (outer-first) shape.
 struct StoredTensor<'a> {
     name: &'a str,
@@ -150,7 +193,7 @@ struct StoredTensor<'a> {
     offset: u64,
 }
 
-fn availability(ty: GgmlType) -> Availability {
+pub(crate) fn availability(ty: GgmlType) -> Availability {
     if ty.is_decodable() {
         Availability::Available
     } else {
@@ -177,39 +220,7 @@ impl Backend for DenseBackend {
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
-        if out.is_empty() {
-            return Ok(());
-        }
-        let be = ext.ty.block_elems();
-        let bb = ext.ty.block_bytes();
-        let end = first_elem + out.len() as u64;
-        let b0 = first_elem / be;
-        let b1 = end.div_ceil(be);
-        // Within the tensor (checked above), whose byte range was validated
-        // against the file at open.
-        let off = ext.offset + b0 * bb;
-        let kernel_err = |e: quant::KernelError| {
-            err(ErrorKind::BadValue, e.to_string())
-                .tensor(&info.name.dot)
-                .path(self.src.path())
-                .at(off)
-        };
-        scratch::with_bytes(((b1 - b0) * bb) as usize, |raw| {
-            self.src
-                .read_at(off, raw)
-                .map_err(|e| e.tensor(&info.name.dot))?;
-            if b0 * be == first_elem && b1 * be == end {
-                quant::dequantize(ext.ty, raw, out).map_err(kernel_err)
-            } else {
-                scratch::with_floats(((b1 - b0) * be) as usize, |tmp| {
-                    quant::dequantize(ext.ty, raw, tmp).map_err(kernel_err)?;
-                    let skip = (first_elem - b0 * be) as usize;
-                    out.copy_from_slice(&tmp[skip..skip + out.len()]);
-                    Ok(())
-                })
-            }
-        })?;
-        Ok(())
+        read_ggml_f32(&self.src, info, ext.ty, ext.offset, first_elem, out)
     }
 }
 

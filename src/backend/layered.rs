@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Availability, Backend, Role, SourceSummary, TensorInfo, TensorTable};
+use crate::backend::{
+    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
+};
 use crate::error::{ErrorKind, Result, err};
 use crate::names;
 use crate::source::SourceFile;
@@ -35,7 +37,12 @@ pub struct LayeredBackend {
 
 impl LayeredBackend {
     pub fn new(primary: Box<dyn Backend>, fallback: Option<Box<dyn Backend>>) -> Result<Self> {
-        let lossy = primary.summary().format.is_primary_kind();
+        // A vocabulary table is never served lossy-encoded; a compressed
+        // file may hold it as ggml blocks (a self-contained .rknot), which
+        // serve like a dense file.
+        let lossy_vocab = |t: &TensorInfo| {
+            names::is_vocab_tensor(&t.name.dot) && !matches!(t.stored, StoredType::Ggml(_))
+        };
         let mut table = TensorTable::default();
         let mut routes = Vec::new();
         let mut used_primary = vec![false; primary.tensors().len()];
@@ -50,7 +57,7 @@ impl LayeredBackend {
             for (fi, finfo) in fb.tensors().entries().iter().enumerate() {
                 let dot = &finfo.name.dot;
                 let route = match p_tab.get(dot) {
-                    Some(pi) if !(lossy && names::is_vocab_tensor(dot)) => {
+                    Some(pi) if !lossy_vocab(&p_tab.entries()[pi]) => {
                         let pinfo = &p_tab.entries()[pi];
                         if pinfo.shape != finfo.shape {
                             return Err(err(
@@ -94,7 +101,7 @@ impl LayeredBackend {
             }
             let mut info: TensorInfo = pinfo.clone();
             info.origin.role = Role::Primary;
-            let route = if lossy && names::is_vocab_tensor(&info.name.dot) {
+            let route = if lossy_vocab(&info) {
                 info.availability = Availability::Unavailable(vocab_reason(&info.name.dot));
                 Route::Nowhere
             } else {

@@ -48,6 +48,23 @@ impl RknotBackend {
                 .push(info, &t.name)
                 .map_err(|e| e.path(src.path()).at(at))?;
         }
+        // Tensors stored as ggml blocks follow, in table order.
+        for d in &file.dense {
+            let name = TensorName::from_stored(&d.name).map_err(|e| e.path(src.path()))?;
+            let info = TensorInfo {
+                name,
+                shape: d.shape.clone(),
+                n_elements: d.n_elements,
+                stored: StoredType::Ggml(d.ty),
+                stored_bytes: d.length,
+                origin: org.clone(),
+                availability: super::dense::availability(d.ty),
+                granule: d.ty.block_elems(),
+            };
+            table
+                .push(info, &d.name)
+                .map_err(|e| e.path(src.path()).at(d.offset))?;
+        }
         let graded = file
             .tensors
             .iter()
@@ -76,9 +93,11 @@ impl RknotBackend {
                     )
                 } else {
                     format!(
-                        "{} tensors ({} graded), header {} bytes, block index {} bytes",
+                        "{} tensors ({} graded) + {} stored as ggml blocks, header {} bytes, \
+                         block index {} bytes",
                         file.tensors.len(),
                         graded,
+                        file.dense.len(),
                         file.layout.header_len,
                         file.layout.index_len
                     )
@@ -133,6 +152,22 @@ impl Backend for RknotBackend {
     }
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
+        let n_compressed = self.file.tensors.len();
+        if index >= n_compressed {
+            // Tensors stored as ggml blocks: table entries after the
+            // compressed ones.
+            let d = self
+                .file
+                .dense
+                .get(index - n_compressed)
+                .ok_or_else(|| super::no_such_index(index))?;
+            let info = self
+                .table
+                .info(index)
+                .ok_or_else(|| super::no_such_index(index))?;
+            super::check_read(info, first_elem, out.len())?;
+            return super::dense::read_ggml_f32(&self.src, info, d.ty, d.offset, first_elem, out);
+        }
         let (_, t) = entry_for_read(
             &self.table,
             &self.file.tensors,

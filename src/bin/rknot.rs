@@ -147,8 +147,14 @@ enum EncodeCmd {
         /// Values per block along a line (faithful and graded).
         #[arg(long, default_value_t = 256)]
         block: u64,
+        /// Only matrices matching this glob are compressed.
         #[arg(long)]
         tensors: Option<String>,
+        /// Store only the compressed matrices; without it every other
+        /// tensor (embeddings, norms, ...) is stored too, as its ggml blocks
+        /// verbatim, and the file serves the whole model alone.
+        #[arg(long)]
+        compressed_only: bool,
         #[arg(long)]
         overwrite: bool,
     },
@@ -321,6 +327,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             target_bpw,
             block,
             tensors,
+            compressed_only,
             overwrite,
         } => {
             let b = backend::open(&dense, None)?;
@@ -340,6 +347,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
                 target_bpw,
                 block,
                 tensors,
+                compressed_only,
                 ..Default::default()
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;

@@ -30,8 +30,7 @@ use crate::encode::{Progress, block_matrices, read_tensor, tensor_kind, tensor_l
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
 use crate::format::rknot::{
-    ArchMeta, Axis, Coding, LayerOut, MAX_TILE_ELEMS, Manifest, TensorSpec, Tile, pack_block,
-    write_rknot,
+    ArchMeta, Axis, Coding, MAX_TILE_ELEMS, Manifest, RknotWriter, TensorSpec, Tile, pack_block,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +89,10 @@ pub struct RknotOptions {
     pub hidden_lines: bool,
     pub clip_search: bool,
     pub tensors: Option<String>,
+    /// Store only the compressed matrices (the file then needs a dense
+    /// fallback to serve a whole model). Otherwise every other tensor of
+    /// the input is stored too, as its ggml blocks verbatim.
+    pub compressed_only: bool,
 }
 
 impl Default for RknotOptions {
@@ -112,6 +115,7 @@ impl Default for RknotOptions {
             hidden_lines: true,
             clip_search: true,
             tensors: None,
+            compressed_only: false,
         }
     }
 }
@@ -575,9 +579,37 @@ pub fn encode_rknot(
     }
     let num_layers = num_layers.max(layers.keys().max().map_or(0, |l| l + 1));
     let total: usize = layers.values().map(Vec::len).sum();
-    progress.start(total as u64);
+    // Every other tensor of the model goes in as ggml blocks, verbatim, so
+    // the file serves the whole model alone.
+    let encoded: std::collections::HashSet<&str> = layers
+        .values()
+        .flatten()
+        .map(|(_, t)| t.name.dot.as_str())
+        .collect();
+    let kept: Vec<(usize, &crate::backend::TensorInfo)> = if o.compressed_only {
+        Vec::new()
+    } else {
+        dense
+            .tensors()
+            .entries()
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !encoded.contains(t.name.dot.as_str()))
+            .collect()
+    };
+    let stored = dense.as_dense().filter(|_| !kept.is_empty());
+    if !kept.is_empty() && stored.is_none() {
+        return Err(err(
+            ErrorKind::BadValue,
+            "the tensors left uncompressed are copied as ggml blocks, which needs a GGUF or \
+             dense .knot input (or --compressed-only)",
+        )
+        .path(&dense.summary().path));
+    }
+    progress.start((total + kept.len()) as u64);
     let mut output = AtomicOutput::create(out)?;
-    let mut layer_out = Vec::new();
+    // Streamed: each layer's blocks are written as soon as they are made.
+    let mut writer = RknotWriter::new(&mut output)?;
     let mut entries = Vec::new();
     for (&index, mats) in &layers {
         progress.check()?;
@@ -598,7 +630,7 @@ pub fn encode_rknot(
             .collect();
         let energy = layer_energy(&views, hidden, o.energy);
         let manifest = build_manifest(&energy, o.coverage);
-        let mut tensors = Vec::new();
+        writer.begin_layer(index, manifest.clone());
         for (t, w) in &dense_mats {
             progress.check()?;
             let (spec, blocks) =
@@ -609,14 +641,23 @@ pub fn encode_rknot(
                 stored_bytes: blocks.iter().map(|b| b.len() as u64).sum(),
                 n_elements: t.n_elements,
             });
-            tensors.push((spec, blocks));
+            writer.tensor(&spec, &blocks)?;
             progress.tick(&t.name.dot);
         }
-        layer_out.push(LayerOut {
-            index,
-            manifest,
-            tensors,
-        });
+    }
+    if let Some(stored) = stored {
+        for (i, t) in kept {
+            progress.check()?;
+            let crate::backend::StoredType::Ggml(ty) = t.stored else {
+                continue;
+            };
+            writer
+                .dense_tensor(&t.name.dot, ty, &t.shape, |off, buf| {
+                    stored.read_stored(i, off, buf)
+                })
+                .map_err(|e| e.tensor(&t.name.dot))?;
+            progress.tick(&t.name.dot);
+        }
     }
     let mut metadata: Metadata = md.clone();
     metadata.push("rknot.profile", MetaValue::String(o.profile.name().into()));
@@ -628,7 +669,7 @@ pub fn encode_rknot(
         metadata,
     };
     progress.check()?;
-    write_rknot(&mut output, &arch_meta, &layer_out)?;
+    writer.finish(&arch_meta)?;
     let n = output.commit()?;
     progress.bytes_written.store(n, Ordering::Relaxed);
     progress.finish();

@@ -235,11 +235,24 @@ pub fn read_table<T: TableEntry>(
         .at(KNOT_PREFIX_LEN)
     })?;
     let (json, base) = c.member(member);
+    parse_table(json, base, key, noun, "meta_json")
+}
+
+/// A `name -> object` table in `json` (absolute file offset `base`) of
+/// document `doc`: [`read_table`]'s parser, also used for a .rknot's
+/// `dense_tensors`.
+pub fn parse_table<T: TableEntry>(
+    json: &[u8],
+    base: u64,
+    key: &str,
+    noun: &str,
+    doc: &str,
+) -> Result<Vec<(String, T)>> {
     let p = Parse::default();
     p.run(
         Seed(ObjectOf {
             p: &p,
-            ctx: &format!("meta_json: field \"{key}\""),
+            ctx: &format!("{doc}: field \"{key}\""),
             state: Table {
                 p: &p,
                 key,
@@ -249,7 +262,7 @@ pub fn read_table<T: TableEntry>(
         }),
         json,
         base,
-        "meta_json",
+        doc,
     )
 }
 

@@ -88,9 +88,10 @@ pub fn check_shape(shape: &[u64], ty: GgmlType) -> Result<u64> {
     Ok(n)
 }
 
-/// A tensor entry as written, before validation.
+/// A tensor entry as written, before validation (also a .rknot's
+/// `dense_tensors` entry).
 #[derive(Default)]
-struct RawTensor {
+pub struct RawTensor {
     ty: Option<String>,
     shape: Option<Vec<u64>>,
     offset: Option<u64>,
@@ -152,45 +153,10 @@ impl DenseKnotFile {
                 .map_err(|e| e.path(path))?;
         let mut tensors = Vec::with_capacity(entries.len());
         for (name, r) in entries {
-            let ctx = format!("tensor {name:?}");
-            let parse = || -> Result<KnotTensorInfo> {
-                let tname = required(r.ty, &ctx, "type")?;
-                let ty = parse_type(&tname).ok_or_else(|| {
-                    err(
-                        ErrorKind::UnknownType,
-                        format!(
-                            "unknown tensor type {tname:?} (dense .knot types: f32, f16, bf16, \
-                             q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)"
-                        ),
-                    )
-                })?;
-                let shape = required(r.shape, &ctx, "shape")?;
-                let n = check_shape(&shape, ty)?;
-                let want = ty.bytes_for(n).ok_or_else(|| {
-                    err(
-                        ErrorKind::Overflow,
-                        format!("byte size of {n} {ty} elements"),
-                    )
-                })?;
-                let offset = required(r.offset, &ctx, "offset")?;
-                let length = required(r.length, &ctx, "length")?;
-                if length != want {
-                    return Err(err(
-                        ErrorKind::LengthMismatch,
-                        format!("length {length} != {want} bytes implied by {ty} {shape:?}"),
-                    ));
-                }
-                let abs = container::payload_range(src, c.payload_base, offset, length, "tensor")?;
-                Ok(KnotTensorInfo {
-                    name: name.clone(),
-                    ty,
-                    shape,
-                    n_elements: n,
-                    offset: abs,
-                    length,
-                })
-            };
-            tensors.push(parse().map_err(|e| e.tensor(&name).path(path).at(at))?);
+            let located = dense_entry(&name, r, |offset, length| {
+                container::payload_range(src, c.payload_base, offset, length, "tensor")
+            });
+            tensors.push(located.map_err(|e| e.tensor(&name).path(path).at(at))?);
         }
         tensors.sort_by(|a, b| a.offset.cmp(&b.offset).then(a.name.cmp(&b.name)));
         for w in tensors.windows(2) {
@@ -213,6 +179,52 @@ impl DenseKnotFile {
             tensors,
         })
     }
+}
+
+/// Validate one dense tensor entry: type, shape, and a length of exactly
+/// the bytes the type and shape imply; `locate(offset, length)` checks the
+/// range against the file and returns its absolute offset.
+pub fn dense_entry(
+    name: &str,
+    r: RawTensor,
+    locate: impl FnOnce(u64, u64) -> Result<u64>,
+) -> Result<KnotTensorInfo> {
+    let ctx = format!("tensor {name:?}");
+    let tname = required(r.ty, &ctx, "type")?;
+    let ty = parse_type(&tname).ok_or_else(|| {
+        err(
+            ErrorKind::UnknownType,
+            format!(
+                "unknown tensor type {tname:?} (dense .knot types: f32, f16, bf16, \
+                 q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k)"
+            ),
+        )
+    })?;
+    let shape = required(r.shape, &ctx, "shape")?;
+    let n = check_shape(&shape, ty)?;
+    let want = ty.bytes_for(n).ok_or_else(|| {
+        err(
+            ErrorKind::Overflow,
+            format!("byte size of {n} {ty} elements"),
+        )
+    })?;
+    let offset = required(r.offset, &ctx, "offset")?;
+    let length = required(r.length, &ctx, "length")?;
+    if length != want {
+        return Err(err(
+            ErrorKind::LengthMismatch,
+            format!("length {length} != {want} bytes implied by {ty} {shape:?}"),
+        ));
+    }
+    let abs = locate(offset, length)?;
+    Ok(KnotTensorInfo {
+        name: name.to_string(),
+        ty,
+        shape,
+        n_elements: n,
+        offset: abs,
+        length,
+    })
 }
 
 /// A tensor to write into a dense .knot.

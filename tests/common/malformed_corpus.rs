@@ -398,6 +398,31 @@ pub fn rknot3_base() -> Vec<u8> {
     rknot3_bytes(2, &rknot_base_layers())
 }
 
+/// [`rknot3_base`] plus one tensor stored as ggml blocks after the
+/// compressed ones: `output_norm.weight`, f32 [16] (64 bytes).
+pub fn rknot3_dense_base() -> Vec<u8> {
+    use rknot::format::rknot::RknotWriter;
+    use rknot::quant::GgmlType;
+    let mut v = Vec::new();
+    let mut w = RknotWriter::new(&mut v).expect("writer");
+    for l in rknot_base_layers() {
+        w.begin_layer(l.index, l.manifest.clone());
+        for (spec, blocks) in &l.tensors {
+            w.tensor(spec, blocks).expect("tensor");
+        }
+    }
+    let values: Vec<u8> = (0..16)
+        .flat_map(|i| (i as f32 / 16.0).to_le_bytes())
+        .collect();
+    w.dense_tensor("output_norm.weight", GgmlType::F32, &[16], |off, buf| {
+        buf.copy_from_slice(&values[off as usize..off as usize + buf.len()]);
+        Ok(())
+    })
+    .expect("dense tensor");
+    w.finish(&corpus_arch(2)).expect("finish");
+    v
+}
+
 fn rknot_base_layers() -> Vec<LayerOut> {
     let l0 = layer(
         0,
@@ -508,6 +533,7 @@ pub fn rknot_seeds() -> Vec<Vec<u8>> {
         rknot3_bytes(4, &[both]),
         rknot3_bytes(1, &[odd]),
         rknot3_bytes(0, &[]),
+        rknot3_dense_base(),
     ]
 }
 
@@ -871,6 +897,7 @@ pub fn build() -> Corpus {
     knot_cases(&mut c);
     rknot_cases(&mut c);
     rknot3_cases(&mut c);
+    rknot3_dense_cases(&mut c);
     gguf_cases(&mut c);
     layered_cases(&mut c);
     magic_cases(&mut c);
@@ -1660,6 +1687,57 @@ fn rknot3_cases(c: &mut Corpus) {
         "BadValue",
         "overlap",
         "two tensors' data ranges overlap",
+    );
+}
+
+/// Version 3's `dense_tensors` (tensors stored as ggml blocks).
+fn rknot3_dense_cases(c: &mut Corpus) {
+    let edit = |f: &dyn Fn(&mut Value)| {
+        let (mut h, body, index) = rknot3_split(&rknot3_dense_base()).expect("valid rknot v3");
+        f(&mut h);
+        rknot3_join(&h, &body, &index)
+    };
+    fn d(h: &mut Value) -> &mut Value {
+        &mut h["dense_tensors"]["output_norm.weight"]
+    }
+    c.case(
+        "rknot3_dense_type.rknot",
+        edit(&|h| d(h)["type"] = json!("q9_x")),
+        "UnknownType",
+        "unknown tensor type \"q9_x\"",
+        "a dense tensor of an unknown ggml type",
+    );
+    c.case(
+        "rknot3_dense_length.rknot",
+        edit(&|h| d(h)["length"] = json!(60)),
+        "LengthMismatch",
+        "length 60 != 64 bytes implied by F32 [16]",
+        "a dense tensor whose length disagrees with its type and shape",
+    );
+    c.case(
+        "rknot3_dense_past_body.rknot",
+        edit(&|h| d(h)["offset"] = json!(1_000_000)),
+        "OutOfBounds",
+        "lies outside the body",
+        "a dense tensor past the end of the body",
+    );
+    c.case(
+        "rknot3_dense_overlap.rknot",
+        edit(&|h| d(h)["offset"] = json!(0)),
+        "BadValue",
+        "overlap",
+        "a dense tensor over a compressed tensor's blocks",
+    );
+    c.case(
+        "rknot3_dense_name_clash.rknot",
+        edit(&|h| {
+            let t = h["dense_tensors"]["output_norm.weight"].take();
+            h["dense_tensors"] = json!({ "blk_0_attn_q_weight": t });
+            h["dense_tensors"]["blk_0_attn_q_weight"]["shape"] = json!([16]);
+        }),
+        "BadName",
+        "blk",
+        "a dense tensor named like a compressed one (other spelling)",
     );
 }
 

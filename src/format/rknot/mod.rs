@@ -36,14 +36,16 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::error::{ErrorKind, Result, add, err, mul};
-use crate::format::container::check_utf8;
+use crate::format::container::{check_utf8, parse_table};
 use crate::format::json::{
     AnyFound, Entries, Expect, F32Array, Field, Found, MaxLen, ObjectOf, OptStr, Parse, Seed, Seen,
     U64Array, raw_value, required, skip_value,
 };
+use crate::format::knot::{self, KnotTensorInfo};
 use crate::format::meta::{JsonMeta, MetaBudget, Metadata, MetadataSeed};
 use crate::format::{MAX_TENSORS, too_many_tensors};
 use crate::names;
+use crate::quant::GgmlType;
 use crate::source::SourceFile;
 
 pub mod blocks;
@@ -376,6 +378,9 @@ pub struct RknotFile {
     pub arch: ArchMeta,
     pub layers: Vec<RknotLayer>,
     pub tensors: Vec<RknotTensorInfo>,
+    /// Version 3: tensors stored as ggml blocks (embeddings, norms, anything
+    /// the profile does not compress), served as a dense file serves them.
+    pub dense: Vec<KnotTensorInfo>,
 }
 
 impl RknotFile {
@@ -384,17 +389,18 @@ impl RknotFile {
         let layout = read_layout(src)?;
         let raw = src.read_vec(layout.header_offset, layout.header_len, "header_json")?;
         check_utf8(&raw, layout.header_offset, "header_json").map_err(|e| e.path(path))?;
-        let (arch, layers, tensors) =
+        let (arch, layers, tensors, dense) =
             parse_header(&raw, &layout, src).map_err(|e| e.path(path).at(layout.header_offset))?;
         // Everything kept is owned: the header's bytes can go before the
         // overlap check needs its own memory.
         drop(raw);
-        check_overlaps(&tensors).map_err(|e| e.path(path))?;
+        check_overlaps(&tensors, &dense).map_err(|e| e.path(path))?;
         Ok(RknotFile {
             layout,
             arch,
             layers,
             tensors,
+            dense,
         })
     }
 }
@@ -537,7 +543,12 @@ fn base_of(raw: &RawValue, header: &[u8], at: u64) -> u64 {
     at + crate::format::json::span_of(raw, header).start as u64
 }
 
-type Parsed = (ArchMeta, Vec<RknotLayer>, Vec<RknotTensorInfo>);
+type Parsed = (
+    ArchMeta,
+    Vec<RknotLayer>,
+    Vec<RknotTensorInfo>,
+    Vec<KnotTensorInfo>,
+);
 
 /// Parse and validate the header JSON; block offsets are checked against
 /// the body of `layout`, version 3's block lengths read from `src`'s index.
@@ -637,7 +648,44 @@ fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed>
         }
         layers.push(RknotLayer { index, manifest });
     }
-    Ok((arch, layers, tensors))
+    // Version 3: tensors stored as ggml blocks, verbatim (section 6.6).
+    let mut dense = Vec::new();
+    if let Some(raw_dense) = root.dense_tensors
+        && layout.version >= 3
+    {
+        let entries: Vec<(String, knot::RawTensor)> = parse_table(
+            raw_dense.get().as_bytes(),
+            base_of(raw_dense, raw, at),
+            "dense_tensors",
+            "dense tensor",
+            "header_json",
+        )?;
+        if (tensors.len() + entries.len()) as u64 > MAX_TENSORS {
+            return Err(too_many_tensors("layers and dense_tensors"));
+        }
+        for (name, r) in entries {
+            let t = names::check_servable(&name)
+                .and_then(|()| {
+                    knot::dense_entry(&name, r, |offset, length| {
+                        let end = add(offset, length, "data end")?;
+                        if end > layout.body_len {
+                            return Err(err(
+                                ErrorKind::OutOfBounds,
+                                format!(
+                                    "data [{offset}, {end}) lies outside the body ({} bytes)",
+                                    layout.body_len
+                                ),
+                            )
+                            .at(layout.body_offset.saturating_add(offset)));
+                        }
+                        Ok(layout.body_offset + offset)
+                    })
+                })
+                .map_err(|e| e.tensor(&name))?;
+            dense.push(t);
+        }
+    }
+    Ok((arch, layers, tensors, dense))
 }
 
 #[derive(Default)]
@@ -646,6 +694,7 @@ struct RawRoot<'de> {
     version: Option<Seen>,
     arch_meta: Option<RawArch>,
     layers: Option<&'de RawValue>,
+    dense_tensors: Option<&'de RawValue>,
 }
 
 struct RootFields<'a, 'de> {
@@ -671,6 +720,7 @@ impl<'de> Entries<'de> for RootFields<'_, 'de> {
                 }))?);
             }
             "layers" => self.root.layers = Some(raw_value(map)?),
+            "dense_tensors" => self.root.dense_tensors = Some(raw_value(map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -1403,25 +1453,29 @@ impl<'de> Expect<'de> for PairElem<'_> {
 }
 
 /// No two blocks of the file may overlap.
-fn check_overlaps(tensors: &[RknotTensorInfo]) -> Result<()> {
+fn check_overlaps(tensors: &[RknotTensorInfo], dense: &[KnotTensorInfo]) -> Result<()> {
     // Version 3: a tensor's blocks are back to back inside its data range,
-    // so the ranges are what must not overlap.
-    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    // so the ranges (of compressed and dense tensors alike) are what must
+    // not overlap.
+    let mut ranges: Vec<(u64, u64, &str)> = Vec::new();
     let mut any_listed = false;
-    for (ti, t) in tensors.iter().enumerate() {
+    for t in tensors {
         match &t.blocks {
             BlockTable::Packed(_) => {
                 if let Some(start) = t.blocks.first_offset() {
-                    ranges.push((start, start + t.blocks.stored_bytes(), ti));
+                    ranges.push((start, start + t.blocks.stored_bytes(), &t.name));
                 }
             }
             BlockTable::Listed(_) => any_listed = true,
         }
     }
+    for d in dense {
+        ranges.push((d.offset, d.offset + d.length, &d.name));
+    }
     ranges.sort_unstable();
     for w in ranges.windows(2) {
         if w[0].1 > w[1].0 {
-            let (na, nb) = (&tensors[w[0].2].name, &tensors[w[1].2].name);
+            let (na, nb) = (w[0].2, w[1].2);
             return Err(err(
                 ErrorKind::BadValue,
                 format!("tensor data ranges overlap in the body (tensors {na:?} and {nb:?})"),
@@ -1969,8 +2023,13 @@ fn tensor_json(spec: &TensorSpec, located: Vec<(&str, Value)>) -> Value {
     t
 }
 
-fn header_json(arch: &ArchMeta, version: u64, layers: Vec<Value>) -> Result<Vec<u8>> {
-    let header = json!({
+fn header_json(
+    arch: &ArchMeta,
+    version: u64,
+    layers: Vec<Value>,
+    dense_tensors: Option<Value>,
+) -> Result<Vec<u8>> {
+    let mut header = json!({
         "format": "rknot",
         "version": version,
         "arch_meta": {
@@ -1979,6 +2038,9 @@ fn header_json(arch: &ArchMeta, version: u64, layers: Vec<Value>) -> Result<Vec<
         },
         "layers": layers,
     });
+    if let Some(d) = dense_tensors {
+        header["dense_tensors"] = d;
+    }
     serde_json::to_vec(&header)
         .map_err(|e| err(ErrorKind::BadJson, format!("cannot serialize header: {e}")))
 }
@@ -1999,6 +2061,8 @@ pub struct RknotWriter<W: Write> {
     index: Vec<u8>,
     /// Layer index, manifest, tensor entries.
     layers: Vec<(u64, Manifest, Vec<Value>)>,
+    /// `dense_tensors` entries, in the order written.
+    dense: serde_json::Map<String, Value>,
 }
 
 impl<W: Write> RknotWriter<W> {
@@ -2011,7 +2075,48 @@ impl<W: Write> RknotWriter<W> {
             body_len: 0,
             index: Vec::new(),
             layers: Vec::new(),
+            dense: serde_json::Map::new(),
         })
+    }
+
+    /// Write a tensor stored as ggml blocks of type `ty`, shape outer-first
+    /// as a dense .knot's: `fill(offset, buf)` supplies its bytes (verbatim
+    /// ggml blocks) from byte `offset` of the tensor, in pieces of at most
+    /// 4 MiB.
+    pub fn dense_tensor(
+        &mut self,
+        name: &str,
+        ty: GgmlType,
+        shape: &[u64],
+        mut fill: impl FnMut(u64, &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        const PIECE: u64 = 4 << 20;
+        if self.dense.contains_key(name) {
+            return Err(err(ErrorKind::BadName, "written twice").tensor(name));
+        }
+        let n = knot::check_shape(shape, ty).map_err(|e| e.tensor(name))?;
+        let length = ty.bytes_for(n).ok_or_else(|| {
+            err(
+                ErrorKind::Overflow,
+                format!("byte size of {n} {ty} elements"),
+            )
+            .tensor(name)
+        })?;
+        let offset = self.body_len;
+        let mut buf = vec![0u8; PIECE.min(length) as usize];
+        let mut done = 0u64;
+        while done < length {
+            let piece = &mut buf[..(length - done).min(PIECE) as usize];
+            fill(done, piece)?;
+            self.w.write_all(piece).map_err(write_err)?;
+            done += piece.len() as u64;
+        }
+        self.body_len = add(self.body_len, length, "body size")?;
+        self.dense.insert(
+            name.to_string(),
+            json!({"type": ty.name(), "shape": shape, "offset": offset, "length": length}),
+        );
+        Ok(())
     }
 
     /// The tensors written next belong to layer `index`.
@@ -2074,7 +2179,9 @@ impl<W: Write> RknotWriter<W> {
                 json!({"index": index, "manifest": m.to_json(true), "tensors": tensors})
             })
             .collect();
-        let header = header_json(arch, RKNOT_VERSION, layers)?;
+        let dense = std::mem::take(&mut self.dense);
+        let dense = (!dense.is_empty()).then_some(Value::Object(dense));
+        let header = header_json(arch, RKNOT_VERSION, layers, dense)?;
         let (index_len, header_len) = (self.index.len() as u64, header.len() as u64);
         if header_len > MAX_HEADER_LEN_V3 || index_len > MAX_INDEX_LEN {
             return Err(err(
@@ -2140,7 +2247,7 @@ pub fn write_rknot_v2<W: Write>(w: &mut W, arch: &ArchMeta, layers: &[LayerOut])
         layer_json
             .push(json!({"index": l.index, "manifest": l.manifest.to_json(false), "tensors": tj}));
     }
-    let bytes = header_json(arch, 2, layer_json)?;
+    let bytes = header_json(arch, 2, layer_json, None)?;
     let header_len = u32::try_from(bytes.len())
         .ok()
         .filter(|&n| u64::from(n) <= MAX_HEADER_LEN)
