@@ -40,7 +40,7 @@ impl Progress {
         if std::io::stderr().is_terminal() {
             let bar = indicatif::ProgressBar::new(0);
             if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tensors {msg}",
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tensors, ETA {eta} {msg}",
             ) {
                 bar.set_style(style);
             }
@@ -67,9 +67,14 @@ impl Progress {
             b.set_position(done);
             b.set_message(name.to_string());
         } else if self.plain.load(Ordering::Relaxed) {
+            // Linear in tensors done: rough (tensors differ in size), but
+            // it moves the right way.
+            let secs = self.elapsed_secs();
+            let eta = secs / done as f64 * total.saturating_sub(done) as f64;
             eprintln!(
-                "encode: {done}/{total} tensors ({:.0}%) {name}",
-                done as f64 * 100.0 / total.max(1) as f64
+                "encode: {done}/{total} tensors ({:.0}%), {secs:.1} s, ETA {eta:.0} s: {}",
+                done as f64 * 100.0 / total.max(1) as f64,
+                crate::text::escape(name)
             );
         }
     }
