@@ -172,7 +172,7 @@ fn vocab_sketch_without_fallback_is_listed_unavailable() {
     let info = &b.tensors().entries()[i];
     match &info.availability {
         Availability::Unavailable(why) => {
-            assert!(why.contains("never served from a sketch"), "{why}")
+            assert!(why.contains("never served lossy-encoded"), "{why}")
         }
         a => panic!("want unavailable, got {a:?}"),
     }

@@ -56,9 +56,18 @@ def canonical_name(name: str) -> str:
     return name
 
 
+def _bad_char(c: str) -> bool:
+    o = ord(c)
+    return (c == "/" or o <= 0x1F or 0x7F <= o <= 0x9F or 0x202A <= o <= 0x202E
+            or 0x2066 <= o <= 0x2069)
+
+
 def check_name(name: str):
-    if not name or len(name.encode()) > 240 or "/" in name or "\0" in name or name in (".", ".."):
-        raise FormatError(f"invalid tensor name {name!r}")
+    """Section 10: non-empty, at most 240 bytes, not starting with '.', no '/', NUL, C0/C1
+    controls, DEL or bidi overrides/isolates (a BadName error)."""
+    if (not isinstance(name, str) or not name or len(name.encode()) > 240 or name.startswith(".")
+            or any(_bad_char(c) for c in name)):
+        raise FormatError(f"bad name: invalid tensor name {name!r}")
 
 
 # ---------------------------------------------------------------------------
@@ -273,13 +282,16 @@ def decode_ggml(type_id: int, raw: bytes, n: int) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 class Tensor:
-    def __init__(self, name, shape, loader, kind, stored_name=None, unavailable=None):
+    def __init__(self, name, shape, loader, kind, stored_name=None, unavailable=None, lossy=False):
         self.name = name            # canonical dot name
         self.shape = list(shape)    # served shape, outer first
         self.loader = loader        # () -> flat np.float32 array
         self.kind = kind            # "exact" or "sk32"
         self.stored_name = stored_name or name
         self.unavailable = unavailable
+        # lossy-encoded (an SK32 sketch or .rknot blocks), as opposed to ggml blocks (GGUF, dense
+        # .knot, a .rknot's dense_tensors): the vocab-table rule of section 10 applies to these only
+        self.lossy = lossy
         self.extra = {}
 
     def data(self) -> np.ndarray:
@@ -295,16 +307,62 @@ class Tensor:
         return self.data().astype("<f4").tobytes()
 
 
-def _add(tensors: dict, t: Tensor, path: str):
+class TensorMap(dict):
+    """canonical dot name -> Tensor, plus an index of the underscore spellings (for _add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.under = {}
+
+
+def _add(tensors: TensorMap, t: Tensor, path: str):
     """Register a tensor; two stored tensors whose resolved names agree in either spelling
     (dot or underscore) are an error (section 10)."""
-    check_name(t.stored_name)
+    try:
+        check_name(t.stored_name)
+    except FormatError as ex:
+        raise FormatError(f"{path}: {ex}")
     under = t.name.replace(".", "_")
-    for other in tensors.values():
-        if other.name == t.name or other.name.replace(".", "_") == under:
-            raise FormatError(f"{path}: tensors {other.stored_name!r} and {t.stored_name!r} "
-                              f"both resolve to {t.name} / {under}")
+    other = tensors.get(t.name) or tensors.under.get(under)
+    if other is not None:
+        raise FormatError(f"{path}: tensors {other.stored_name!r} and {t.stored_name!r} "
+                          f"both resolve to {t.name} / {under}")
     tensors[t.name] = t
+    tensors.under[under] = t
+
+
+class _JObj(dict):
+    """A JSON object; `dups` holds the keys given more than once (the last value counts)."""
+    dups = ()
+
+
+def _pairs(pairs):
+    obj = _JObj()
+    dups = []
+    for k, v in pairs:
+        if k in obj:
+            dups.append(k)
+        obj[k] = v
+    if dups:
+        obj.dups = dups
+    return obj
+
+
+def _loads(text: str):
+    """json.loads that remembers duplicate keys: section 1 makes a key given twice in a tensor
+    map (`sketches`, `tensors`, and `dense_tensors`, "exactly like" `tensors`) two tensors of
+    one name, a BadName error, while for other fields the last one counts."""
+    return json.loads(text, object_pairs_hook=_pairs)
+
+
+def _tensor_map(path, obj, key):
+    """The `name -> entry` object `obj[key]`; duplicate names are a BadName error."""
+    m = obj[key]
+    if not isinstance(m, dict):
+        raise FormatError(f"{path}: {key} must be a JSON object, got {type(m).__name__}")
+    for k in getattr(m, "dups", ()):
+        raise FormatError(f"{path}: bad name: tensor {k!r} listed twice in {key}")
+    return m
 
 
 def _nonneg_int(v, what):
@@ -327,7 +385,7 @@ def open_knot(path: str, buf: bytes):
         raise FormatError(f"{path}: meta_len {meta_len} over 1 GiB cap")
     if 10 + meta_len > len(buf):
         raise FormatError(f"{path}: meta JSON past end of file")
-    meta = json.loads(buf[10:10 + meta_len].decode("utf-8"))
+    meta = _loads(buf[10:10 + meta_len].decode("utf-8"))
     if not isinstance(meta, dict):
         raise FormatError(f"{path}: meta JSON is not an object")
     codec_at = (10 + meta_len + 3) & ~3
@@ -360,9 +418,9 @@ def _check_ranges(path, ranges, limit):
 def open_sk32(path, buf, meta, base):
     if "format" in meta and meta["format"] != "sk32":
         raise FormatError(f"{path}: format {meta['format']!r} is not sk32")
-    tensors = {}
+    tensors = TensorMap()
     ranges = []
-    for stored, e in meta["sketches"].items():
+    for stored, e in _tensor_map(path, meta, "sketches").items():
         off = _nonneg_int(e["offset"], "offset")
         length = _nonneg_int(e["length"], "length")
         d_out = _nonneg_int(e["d_out"], "d_out")
@@ -402,7 +460,7 @@ def open_sk32(path, buf, meta, base):
             return W.reshape(-1)  # f64; compared with tolerance
 
         name = canonical_name(stored)
-        t = Tensor(name, [d_out, d_in], loader, "sk32", stored)
+        t = Tensor(name, [d_out, d_in], loader, "sk32", stored, lossy=True)
         t.extra["rank"] = rank
         t.extra["aux"] = aux
         _add(tensors, t, path)
@@ -415,6 +473,8 @@ def length_of(d_out, d_in, rank):
 
 
 def parse_type(s: str) -> int:
+    if not isinstance(s, str):
+        raise FormatError(f"type must be a string, got {s!r}")
     s = s.lower()
     if s in ("q4_k_m", "q4_k_s"):
         s = "q4_k"
@@ -423,24 +483,45 @@ def parse_type(s: str) -> int:
     return NAME_TO_ID[s]
 
 
+def parse_dense_entry(path, stored, e):
+    """A `name -> entry` value of a dense .knot's `tensors` or a .rknot's `dense_tensors`
+    (sections 5, 6.6): {"type", "shape", "offset", "length"} -> (type id, shape, n, offset,
+    length), with type, shape and length checked."""
+    where = f"{path}: tensor {stored}"
+    if not isinstance(e, dict):
+        raise FormatError(f"{where}: entry must be a JSON object, got {e!r}")
+    try:
+        tid = parse_type(e["type"])
+    except FormatError as ex:
+        raise FormatError(f"{where}: {ex}")
+    shape = e["shape"]
+    if not isinstance(shape, list) or not 1 <= len(shape) <= 4:
+        raise FormatError(f"{where}: shape must be 1 to 4 dims, got {shape!r}")
+    shape = [_nonneg_int(x, f"{where}: dim") for x in shape]
+    if min(shape) < 1:
+        raise FormatError(f"{where}: bad shape {shape} (every dim must be >= 1)")
+    name, be, bb = GGML_TYPES[tid]
+    if shape[-1] % be:
+        raise FormatError(f"{where}: last dim {shape[-1]} of shape {shape} is not a multiple of "
+                          f"the {name} block size {be}")
+    n = math.prod(shape)
+    if n >= 1 << 64:
+        raise FormatError(f"{where}: shape {shape} has more than 2^64 elements")
+    off = _u64(e["offset"], f"{where}: offset")
+    length = _u64(e["length"], f"{where}: length")
+    if length != n // be * bb:
+        raise FormatError(f"{where}: length {length} != {n // be * bb}, the bytes of {n} "
+                          f"{name} values (shape {shape})")
+    return tid, shape, n, off, length
+
+
 def open_dense_knot(path, buf, meta, base):
     if "format" in meta and meta["format"] != "knot":
         raise FormatError(f"{path}: format {meta['format']!r} is not knot")
-    tensors = {}
+    tensors = TensorMap()
     ranges = []
-    for stored, e in meta["tensors"].items():
-        tid = parse_type(e["type"])
-        shape = [_nonneg_int(x, "dim") for x in e["shape"]]
-        if not 1 <= len(shape) <= 4 or min(shape) < 1:
-            raise FormatError(f"{path}: tensor {stored}: bad shape {shape}")
-        _, be, bb = GGML_TYPES[tid]
-        if shape[-1] % be:
-            raise FormatError(f"{path}: tensor {stored}: last dim not multiple of {be}")
-        n = math.prod(shape)
-        off = _nonneg_int(e["offset"], "offset")
-        length = _nonneg_int(e["length"], "length")
-        if length != n // be * bb:
-            raise FormatError(f"{path}: tensor {stored}: length {length} != {n // be * bb}")
+    for stored, e in _tensor_map(path, meta, "tensors").items():
+        tid, shape, n, off, length = parse_dense_entry(path, stored, e)
         ranges.append((base + off, length, stored))
 
         def loader(tid=tid, a=base + off, length=length, n=n):
@@ -566,7 +647,7 @@ def _rknot_container(path, buf):
     else:
         raise FormatError(f"{path}: unsupported .rknot version {version} (magic "
                           f"{bytes(buf[:6])!r}; this reader knows 2 and 3)")
-    hdr = json.loads(hdr_bytes.decode("utf-8"))
+    hdr = _loads(hdr_bytes.decode("utf-8"))
     if not isinstance(hdr, dict):
         raise FormatError(f"{path}: header is not a JSON object")
     if "format" in hdr and hdr["format"] != "rknot":
@@ -682,9 +763,13 @@ def open_rknot(path, buf):
         raise FormatError(f"{path}: layers must be an array")
     if len(layers) > MAX_LAYERS:
         raise FormatError(f"{path}: too large: {len(layers)} layers over the cap {MAX_LAYERS}")
-    if sum(len(layer["tensors"]) for layer in layers) > MAX_TENSORS:
-        raise FormatError(f"{path}: too large: more than {MAX_TENSORS} tensors")
-    tensors = {}
+    # Section 6.6: version 3 may list tensors stored as ggml blocks; version 2 ignores the key.
+    dense = _tensor_map(path, hdr, "dense_tensors") if version == 3 and "dense_tensors" in hdr else {}
+    n_compressed = sum(len(layer["tensors"]) for layer in layers)
+    if n_compressed + len(dense) > MAX_TENSORS:
+        raise FormatError(f"{path}: too large: {n_compressed} compressed + {len(dense)} dense "
+                          f"tensors, over the cap {MAX_TENSORS}")
+    tensors = TensorMap()
     seen_idx = set()
     ranges = []
     for layer in layers:
@@ -770,7 +855,25 @@ def open_rknot(path, buf):
                 full[np.ix_(rows_map, cols_map)] = compact
                 return full.reshape(-1)
 
-            _add(tensors, Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored), path)
+            _add(tensors, Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored,
+                                 lossy=True), path)
+    for stored, e in dense.items():
+        tid, shape, n, off, length = parse_dense_entry(path, f"{stored} (dense_tensors)", e)
+        if off + length > body_len:
+            raise FormatError(f"{path}: dense tensor {stored}: [{off}, {off + length}) (file bytes "
+                              f"[{body + off}, {body + off + length})) lies outside the "
+                              f"{body_len}-byte body")
+        ranges.append((body + off, length, f"dense tensor {stored}"))
+
+        def loader(tid=tid, a=body + off, length=length, n=n):
+            return decode_ggml(tid, buf[a:a + length], n)
+
+        # _add refuses a name that collides, in either spelling, with a compressed tensor or
+        # another dense one: one namespace (section 6.6)
+        t = Tensor(canonical_name(stored), shape, loader, "exact", stored)
+        t.extra["dense"] = True
+        _add(tensors, t, path)
+    # data ranges of compressed tensors and dense tensors: inside the body, no two overlapping
     _check_ranges(path, ranges, body + body_len)
     return tensors
 
@@ -843,7 +946,7 @@ def open_gguf(path, buf):
         off = r.take("Q")
         infos.append((name, ne, tt, off))
     data = (r.pos + align - 1) // align * align
-    tensors = {}
+    tensors = TensorMap()
     for name, ne, tt, off in infos:
         shape = list(reversed(ne))
         n = math.prod(ne)
@@ -889,30 +992,41 @@ def open_any(path: str):
 
 
 def open_view(path: str, dense: str | None):
-    """Returns (dict canonical name -> Tensor, dict name -> source label)."""
-    kind, prim = open_any(path)
-    compressed = kind in ("sk32", "rknot")
-    view, source = {}, {}
-    for name, t in prim.items():
-        if compressed and name in VOCAB_TABLES:
-            continue
-        view[name] = t
-        source[name] = "primary"
-    fb = None
+    """Returns (dict canonical name -> Tensor, dict name -> source label).
+
+    Section 10 layering: a tensor both files have is served from the primary, except the vocab
+    tables when the primary holds them lossy-encoded (an SK32 sketch or .rknot blocks): those
+    come from the fallback, or are unavailable without one. A vocab table a .rknot holds as ggml
+    blocks (section 6.6 dense_tensors) is served from it like any tensor. Listing order: the
+    fallback's tensors in its order, then the primary-only ones in the primary's order."""
+    _, prim = open_any(path)
+    fb = {}
     if dense is not None:
         _, fb = open_any(dense)
-        for name, t in fb.items():
-            if name not in view:
-                view[name] = t
-                source[name] = "fallback"
-    if compressed:
-        for name in VOCAB_TABLES:
-            if name in prim and name not in view:
-                t = prim[name]
-                view[name] = Tensor(name, t.shape, None, t.kind, t.stored_name,
-                                    unavailable="compressed primary never serves vocab tables "
-                                                "and no dense fallback has it")
-                source[name] = "unavailable"
+        for name, t in prim.items():
+            if name in fb and fb[name].shape != t.shape:
+                raise FormatError(f"shape mismatch: tensor {name} is {t.shape} in {path} but "
+                                  f"{fb[name].shape} in {dense}")
+
+    def never_served(t):
+        return t.lossy and t.name in VOCAB_TABLES
+
+    view, source = {}, {}
+    for name, t in fb.items():
+        if name in prim and not never_served(prim[name]):
+            view[name], source[name] = prim[name], "primary"
+        else:
+            view[name], source[name] = t, "fallback"
+    for name, t in prim.items():
+        if name in view:
+            continue
+        if never_served(t):
+            view[name] = Tensor(name, t.shape, None, t.kind, t.stored_name, lossy=True,
+                                unavailable="a compressed primary never serves a lossy-encoded "
+                                            "vocab table and no dense fallback has it")
+            source[name] = "unavailable"
+        else:
+            view[name], source[name] = t, "primary"
     return view, source
 
 
@@ -944,11 +1058,37 @@ def cmd_cat(args):
     sys.stdout.buffer.write(data.astype("<f4").tobytes())
 
 
+def check_listing(args, view, source) -> int:
+    """Compare which tensors are served, from which file, in which order, with `rknot inspect
+    --json` (section 10 layering). The bytes alone cannot tell: a .rknot's ggml-block tensors
+    are usually the fallback's bytes verbatim. Returns the number of mismatches."""
+    cmd = [args.rknot_bin, "inspect", "--json", args.file] + (["--dense", args.dense] if args.dense else [])
+    p = subprocess.run(cmd, capture_output=True)
+    try:
+        theirs = [(t["name"], list(t["shape"]), t["source"]["role"], bool(t["available"]))
+                  for t in json.loads(p.stdout)["tensors"]]
+    except (ValueError, KeyError, TypeError) as ex:
+        print(f"note: listing not compared: `{' '.join(cmd)}` gave no usable tensor table "
+              f"(rc={p.returncode}, {type(ex).__name__}: {ex})")
+        return 0
+    mine = [(name, t.shape, "primary" if source[name] == "unavailable" else source[name],
+             not t.unavailable) for name, t in view.items()]
+    if mine == theirs:
+        return 0
+    print(f"MISMATCH listing (name, shape, source, available) vs `{' '.join(cmd)}`:")
+    for i in range(max(len(mine), len(theirs))):
+        a = mine[i] if i < len(mine) else None
+        b = theirs[i] if i < len(theirs) else None
+        if a != b:
+            print(f"   [{i}] mine={a} binary={b}")
+    return 1
+
+
 def cmd_check(args):
     view, source = open_view(args.file, args.dense)
     n_ok = n_exact = n_tol = n_refused = 0
     max_rel = 0.0
-    failures = 0
+    failures = check_listing(args, view, source)
     unavailable = []
     for name, t in view.items():
         if t.unavailable:
@@ -1021,10 +1161,13 @@ def cmd_check(args):
             print(f"note: {name} unavailable in both (binary: "
                   f"{p.stderr.decode(errors='replace').strip().splitlines()[-1] if p.stderr else ''})")
     n_fb = sum(1 for s in source.values() if s == "fallback")
+    n_dense = sum(1 for name, s in source.items() if s == "primary" and view[name].extra.get("dense"))
     if failures:
-        print(f"FAIL: {failures} mismatching tensors; {n_ok} OK ({n_exact} bit-exact, {n_tol} within tolerance)")
+        print(f"FAIL: {failures} mismatches (tensors or listing); {n_ok} tensors OK ({n_exact} "
+              f"bit-exact, {n_tol} within tolerance)")
         return 1
-    extra = f"; {n_fb} from dense fallback" if args.dense else ""
+    extra = f"; {n_dense} stored as ggml blocks in the .rknot" if n_dense else ""
+    extra += f"; {n_fb} from dense fallback" if args.dense else ""
     if n_refused:
         extra += f"; {n_refused} refused by both readers"
     print(f"OK: {n_ok} tensors, {n_exact} bit-exact, {n_tol} within tolerance "

@@ -85,12 +85,33 @@ encode_v3() { # NAME [encode options...]: writes $v3_dir/NAME.rknot, checks its 
     echo "$out: not a version-3 .rknot (magic $(head -c 6 "$out" | od -An -tx1))"; return 1
   fi
 }
+# By default the encoder also stores every tensor it does not compress (embeddings,
+# norms, output head) as ggml blocks (FORMAT.md section 6.6), so the file serves the
+# whole model alone; --compressed-only leaves them out, as files used to be.
 encode_v3 seed-graded --profile seed --graded
 encode_v3 faithful --profile faithful
 encode_v3 seed --profile seed
-for f in "$v3_dir"/seed-graded.rknot "$v3_dir"/faithful.rknot "$v3_dir"/seed.rknot; do
-  python3 tools/independent_reader.py check "$f" --rknot-bin "$bin"
-  python3 tools/independent_reader.py check "$f" --dense demo/tiny-llama.gguf --rknot-bin "$bin"
+encode_v3 compressed-only --profile faithful --compressed-only
+for name in seed-graded faithful seed compressed-only; do
+  f="$v3_dir/$name.rknot"
+  alone=""
+  for dense in "" demo/tiny-llama.gguf; do
+    out=$(python3 tools/independent_reader.py check "$f" ${dense:+--dense "$dense"} --rknot-bin "$bin") \
+      || { echo "$out"; echo "FAIL: independent reader check $f ${dense:+--dense $dense}"; exit 1; }
+    echo "$out"
+    [ -n "$dense" ] || alone=$out
+  done
+  # self-contained (the default): the file alone lists every tensor of the source, shapes
+  # included; --compressed-only: no tensor stored as ggml blocks
+  if [ "$name" = compressed-only ]; then
+    case $alone in
+      *"stored as ggml blocks"*) echo "FAIL: $f was encoded with --compressed-only but holds dense tensors"; exit 1 ;;
+    esac
+  else
+    diff <(python3 tools/independent_reader.py list "$f" 2>&1 | sort) \
+         <(python3 tools/independent_reader.py list demo/tiny-llama.gguf 2>&1 | sort) \
+      || { echo "FAIL: $f does not serve the whole model alone"; exit 1; }
+  fi
 done
 python3 tools/independent_reader.py check models/SmolLM2-135M-Instruct.Q4_1.gguf --rknot-bin "$bin"
 

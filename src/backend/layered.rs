@@ -48,8 +48,8 @@ impl LayeredBackend {
         let mut used_primary = vec![false; primary.tensors().len()];
         let vocab_reason = |name: &str| {
             format!(
-                "{name} is never served from a sketch (a low-rank vocab table poisons the \
-                 output); attach a dense fallback with --dense"
+                "{name} is never served lossy-encoded, from a sketch or .rknot blocks (a \
+                 compressed vocab table poisons the output); attach a dense fallback with --dense"
             )
         };
         let p_tab = primary.tensors();
