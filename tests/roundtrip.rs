@@ -483,3 +483,70 @@ fn rknot_quantizer_encodes_within_half_a_step() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
+
+    /// A version-3 .rknot holding a compressed tensor and tensors stored as
+    /// ggml blocks (dense_tensors) of random types and shapes: each reads
+    /// back exactly, the dense ones as the ggml kernels decode their bytes.
+    #[test]
+    fn self_contained_rknot_round_trip(
+        case in rknot_case(),
+        specs in proptest::collection::vec((knot_types(), 1u64..4, 1u64..3, any::<u64>()), 1..4),
+        ranges in proptest::collection::vec((0u64..40_000, 0u64..3000), 4),
+    ) {
+        use rknot::format::rknot::RknotWriter;
+        let dir = tempfile::tempdir().unwrap();
+        let grid = case.spec.grid(&case.manifest);
+        let payloads: Vec<Vec<u8>> = case
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(b, (scale, codes))| {
+                let t = grid.tile(b as u64);
+                let masked: Vec<u32> = codes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &c)| {
+                        let (r, cc) = (t.row0 + i as u64 / t.cols, t.col0 + i as u64 % t.cols);
+                        c & ((1u32 << width(&case.spec.coding, r, cc)) - 1)
+                    })
+                    .collect();
+                pack_block(&case.spec.coding, &t, *scale, &masked)
+            })
+            .collect();
+        let arch = ArchMeta { arch: "llama".into(), hidden_dim: case.manifest.d, num_layers: 4, metadata: Metadata::default() };
+        let mut bytes = Vec::new();
+        let mut w = RknotWriter::new(&mut bytes).unwrap();
+        w.begin_layer(3, case.manifest.clone());
+        w.tensor(&case.spec, &payloads).unwrap();
+        let mut dense = Vec::new();
+        for (i, (ty, blocks, rows, seed)) in specs.iter().enumerate() {
+            let inner = ty.block_elems() * blocks;
+            let shape = if i % 2 == 0 { vec![inner] } else { vec![*rows, inner] };
+            let n: u64 = shape.iter().product();
+            let data = random_blocks(*ty, n, *seed);
+            let name = format!("blk.{i}.ffn_up.weight");
+            w.dense_tensor(&name, *ty, &shape, |off, buf| {
+                buf.copy_from_slice(&data[off as usize..off as usize + buf.len()]);
+                Ok(())
+            })
+            .unwrap();
+            dense.push((name, *ty, shape, data));
+        }
+        w.finish(&arch).unwrap();
+        let p = write_file(dir.path(), "m.rknot", &bytes);
+        let b = backend::open_single(&p, Role::Primary).unwrap();
+        prop_assert_eq!(b.tensors().len(), 1 + dense.len());
+        let idx = b.find("blk_3_ffn_down_weight").unwrap();
+        check_reads(b.as_ref(), idx, &rknot_expected(&case, &grid), &ranges)?;
+        for (name, ty, shape, data) in &dense {
+            let idx = b.find(name).unwrap();
+            prop_assert_eq!(&b.tensors().entries()[idx].shape, shape);
+            let mut want = vec![0f32; shape.iter().product::<u64>() as usize];
+            quant::dequantize(*ty, data, &mut want).unwrap();
+            check_reads(b.as_ref(), idx, &want, &ranges)?;
+        }
+    }
+}
