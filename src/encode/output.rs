@@ -212,6 +212,40 @@ impl AtomicOutput {
         &self.temp
     }
 
+    /// An unnamed scratch file next to the temporary output (same
+    /// filesystem, mode 0600, gone when closed, whatever happens): for
+    /// writers whose header must precede data they only know once the data
+    /// is made. `O_TMPFILE` where the filesystem has it; otherwise a
+    /// hidden name that is removed at once.
+    pub fn scratch_file(&self) -> Result<File> {
+        let dir = self
+            .temp
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if let Ok(c) = CString::new(dir.as_os_str().as_bytes()) {
+            // SAFETY: c is a valid C string; the returned descriptor is
+            // ours alone and owned by the File from here on.
+            let fd = unsafe { libc::open(c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
+            if fd >= 0 {
+                use std::os::fd::FromRawFd;
+                // SAFETY: fd was just opened and is not owned elsewhere.
+                return Ok(unsafe { File::from_raw_fd(fd) });
+            }
+        }
+        let name = self.target.path.file_name().unwrap_or(OsStr::new("output"));
+        let scratch = dir.join(temp_name(name, TEMP_SEQ.fetch_add(1, Ordering::Relaxed)));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&scratch)
+            .map_err(|e| Error::io(&scratch, "cannot create a scratch file", e))?;
+        let _ = std::fs::remove_file(&scratch);
+        Ok(file)
+    }
+
     pub fn bytes_written(&self) -> u64 {
         self.written
     }
@@ -319,6 +353,28 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// A scratch file reads back what was written and has no name: the
+    /// directory holds only the temporary output, and after commit only
+    /// the target.
+    #[test]
+    fn scratch_files_are_unnamed() {
+        use std::io::{Read, Seek};
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("m.sk32");
+        let mut o = AtomicOutput::create(&target(&out, false)).unwrap();
+        let mut s = o.scratch_file().unwrap();
+        s.write_all(b"factors").unwrap();
+        s.seek(io::SeekFrom::Start(0)).unwrap();
+        let mut back = String::new();
+        s.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "factors");
+        assert_eq!(names(d.path()).len(), 1, "{:?}", names(d.path()));
+        o.write_all(b"x").unwrap();
+        o.commit().unwrap();
+        drop(s);
+        assert_eq!(names(d.path()), vec!["m.sk32".to_string()]);
     }
 
     #[test]

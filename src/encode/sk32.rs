@@ -14,6 +14,7 @@
 //!   worse: it spreads the largest component's grid step onto the small
 //!   ones (error of component k grows like √(σ_k σ_max) instead of σ_k).
 
+use std::io::{Seek, Write};
 use std::sync::atomic::Ordering;
 
 use rayon::prelude::*;
@@ -23,7 +24,7 @@ use crate::encode::linalg::{Mat, matmul, randomized_svd, symmetric_eigen};
 use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::encode::{Progress, block_matrices, read_tensor};
 use crate::error::{ErrorKind, Result, err};
-use crate::format::sk32::{Sketch, write_sk32};
+use crate::format::sk32::{Sketch, write_sk32_with};
 
 #[derive(Debug, Clone)]
 pub struct Sk32Options {
@@ -258,35 +259,55 @@ pub fn encode_sk32(
     progress.start(targets.len() as u64);
     // Create the output first: an existing target fails before any work.
     let mut output = AtomicOutput::create(out)?;
-    let results: Vec<Result<SketchResult>> = targets
-        .par_iter()
-        .map(|&(i, t)| {
-            progress.check()?;
-            let w = read_tensor(dense, i)?;
-            let r = sketch_matrix(&t.name.dot, &w, t.shape[0] as usize, t.shape[1] as usize, o)
-                .map_err(|e| e.tensor(&t.name.dot))?;
-            progress.tick(&t.name.dot);
-            Ok(r)
-        })
-        .collect();
-    let results = results.into_iter().collect::<Result<Vec<_>>>()?;
+    // The header lists every sketch's scales, known only once it is made:
+    // the factors go to a scratch file as they are made (a few matrices at
+    // a time), and only their heads stay in memory.
+    let scratch = output.scratch_file()?;
+    let mut factors = std::io::BufWriter::with_capacity(1 << 20, scratch);
+    let io = |e: std::io::Error| err(ErrorKind::Io, format!("scratch file: {e}"));
+    let mut heads = Vec::with_capacity(targets.len());
+    let mut entries = Vec::with_capacity(targets.len());
+    let batch = rayon::current_num_threads().max(1) * 2;
+    for chunk in targets.chunks(batch) {
+        let results: Vec<Result<SketchResult>> = chunk
+            .par_iter()
+            .map(|&(i, t)| {
+                progress.check()?;
+                let w = read_tensor(dense, i)?;
+                let r = sketch_matrix(&t.name.dot, &w, t.shape[0] as usize, t.shape[1] as usize, o)
+                    .map_err(|e| e.tensor(&t.name.dot))?;
+                progress.tick(&t.name.dot);
+                Ok(r)
+            })
+            .collect();
+        for r in results {
+            let r = r?;
+            let s = &r.sketch;
+            factors.write_all(&s.u_q8).map_err(io)?;
+            factors.write_all(&s.sigma_q8).map_err(io)?;
+            factors.write_all(&s.v_q8).map_err(io)?;
+            heads.push(s.head());
+            entries.push(Sk32Entry {
+                name: s.name.clone(),
+                rank: s.rank,
+                energy_kept: r.energy_kept,
+            });
+        }
+    }
     progress.check()?;
     let topology = match (o.energy, o.rank) {
         (Some(e), _) => format!("energy-{e}-svd-sketch"),
         (None, Some(r)) => format!("rank-{r}-svd-sketch"),
         _ => "svd-sketch".into(),
     };
-    let sketches: Vec<Sketch> = results.iter().map(|r| r.sketch.clone()).collect();
-    write_sk32(&mut output, &topology, &sketches)?;
+    let mut scratch = factors.into_inner().map_err(|e| io(e.into_error()))?;
+    write_sk32_with(&mut output, &topology, &heads, |w| {
+        scratch.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+        std::io::copy(&mut scratch, w).map_err(io)?;
+        Ok(())
+    })?;
     let n = output.commit()?;
     progress.bytes_written.store(n, Ordering::Relaxed);
     progress.finish();
-    Ok(results
-        .iter()
-        .map(|r| Sk32Entry {
-            name: r.sketch.name.clone(),
-            rank: r.sketch.rank,
-            energy_kept: r.energy_kept,
-        })
-        .collect())
+    Ok(entries)
 }

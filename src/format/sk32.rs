@@ -286,10 +286,7 @@ impl Sketch {
 
 /// Write an SK32 file: container header, then each sketch's bytes in order.
 pub fn write_sk32<W: Write>(w: &mut W, topology: &str, sketches: &[Sketch]) -> Result<()> {
-    let mut map = Map::new();
-    let mut offset = 0u64;
     for s in sketches {
-        let length = sketch_len(s.d_out, s.d_in, s.rank)?;
         if s.u_q8.len() as u64 != s.d_out * s.rank
             || s.sigma_q8.len() as u64 != s.rank
             || s.v_q8.len() as u64 != s.rank * s.d_in
@@ -300,6 +297,59 @@ pub fn write_sk32<W: Write>(w: &mut W, topology: &str, sketches: &[Sketch]) -> R
             )
             .tensor(&s.name));
         }
+    }
+    let heads: Vec<SketchHead> = sketches.iter().map(Sketch::head).collect();
+    write_sk32_with(w, topology, &heads, |w| {
+        let io = |e: std::io::Error| err(ErrorKind::Io, format!("write: {e}"));
+        for s in sketches {
+            w.write_all(&s.u_q8).map_err(io)?;
+            w.write_all(&s.sigma_q8).map_err(io)?;
+            w.write_all(&s.v_q8).map_err(io)?;
+        }
+        Ok(())
+    })
+}
+
+/// A sketch's header entry: everything but its factor bytes.
+#[derive(Debug, Clone)]
+pub struct SketchHead {
+    pub name: String,
+    pub d_out: u64,
+    pub d_in: u64,
+    pub rank: u64,
+    pub u_max: f32,
+    pub sigma_max: f32,
+    pub v_max: f32,
+}
+
+impl Sketch {
+    pub fn head(&self) -> SketchHead {
+        SketchHead {
+            name: self.name.clone(),
+            d_out: self.d_out,
+            d_in: self.d_in,
+            rank: self.rank,
+            u_max: self.u_max,
+            sigma_max: self.sigma_max,
+            v_max: self.v_max,
+        }
+    }
+}
+
+/// Write an SK32 file whose payload `write_payload` supplies: the factors
+/// of every sketch of `heads`, in that order (`u`, `σ`, `v` each), exactly
+/// the bytes their shapes and ranks imply. Lets an encoder stream the
+/// factors to a scratch file as it makes them and keep only the heads.
+pub fn write_sk32_with<W: Write>(
+    w: &mut W,
+    topology: &str,
+    heads: &[SketchHead],
+    write_payload: impl FnOnce(&mut W) -> Result<()>,
+) -> Result<()> {
+    let mut map = Map::new();
+    let mut offset = 0u64;
+    for s in heads {
+        let length = sketch_len(s.d_out, s.d_in, s.rank)?;
         map.insert(
             s.name.clone(),
             json!({
@@ -312,11 +362,5 @@ pub fn write_sk32<W: Write>(w: &mut W, topology: &str, sketches: &[Sketch]) -> R
     }
     let meta = json!({"format": "sk32", "topology": topology, "sketches": Value::Object(map)});
     container::write_container_header(w, &meta)?;
-    let io = |e: std::io::Error| err(ErrorKind::Io, format!("write: {e}"));
-    for s in sketches {
-        w.write_all(&s.u_q8).map_err(io)?;
-        w.write_all(&s.sigma_q8).map_err(io)?;
-        w.write_all(&s.v_q8).map_err(io)?;
-    }
-    Ok(())
+    write_payload(w)
 }
