@@ -337,6 +337,26 @@ fn width(coding: &Coding, r: u64, c: u64) -> u8 {
     }
 }
 
+/// The case's blocks packed, each code masked to its line's width.
+fn rknot_payloads(case: &RknotCase, grid: &TileGrid) -> Vec<Vec<u8>> {
+    case.blocks
+        .iter()
+        .enumerate()
+        .map(|(b, (scale, codes))| {
+            let t = grid.tile(b as u64);
+            let masked: Vec<u32> = codes
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| {
+                    let (r, cc) = (t.row0 + i as u64 / t.cols, t.col0 + i as u64 % t.cols);
+                    c & ((1u32 << width(&case.spec.coding, r, cc)) - 1)
+                })
+                .collect();
+            pack_block(&case.spec.coding, &t, *scale, &masked)
+        })
+        .collect()
+}
+
 /// Expected served tensor, computed from codes without the crate's decoder.
 fn rknot_expected(case: &RknotCase, grid: &TileGrid) -> Vec<f32> {
     let s = &case.spec;
@@ -378,23 +398,7 @@ proptest! {
     fn rknot_round_trip(case in rknot_case(), ranges in proptest::collection::vec((0u64..40_000, 0u64..3000), 6)) {
         let dir = tempfile::tempdir().unwrap();
         let grid = case.spec.grid(&case.manifest);
-        let payloads: Vec<Vec<u8>> = case
-            .blocks
-            .iter()
-            .enumerate()
-            .map(|(b, (scale, codes))| {
-                let t = grid.tile(b as u64);
-                let masked: Vec<u32> = codes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &c)| {
-                        let (r, cc) = (t.row0 + i as u64 / t.cols, t.col0 + i as u64 % t.cols);
-                        c & ((1u32 << width(&case.spec.coding, r, cc)) - 1)
-                    })
-                    .collect();
-                pack_block(&case.spec.coding, &t, *scale, &masked)
-            })
-            .collect();
+        let payloads = rknot_payloads(&case, &grid);
         let arch = ArchMeta { arch: "llama".into(), hidden_dim: case.manifest.d, num_layers: 4, metadata: Metadata::default() };
         let layer = LayerOut { index: 3, manifest: case.manifest.clone(), tensors: vec![(case.spec.clone(), payloads)] };
         let want = rknot_expected(&case, &grid);
@@ -499,23 +503,7 @@ proptest! {
         use rknot::format::rknot::RknotWriter;
         let dir = tempfile::tempdir().unwrap();
         let grid = case.spec.grid(&case.manifest);
-        let payloads: Vec<Vec<u8>> = case
-            .blocks
-            .iter()
-            .enumerate()
-            .map(|(b, (scale, codes))| {
-                let t = grid.tile(b as u64);
-                let masked: Vec<u32> = codes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &c)| {
-                        let (r, cc) = (t.row0 + i as u64 / t.cols, t.col0 + i as u64 % t.cols);
-                        c & ((1u32 << width(&case.spec.coding, r, cc)) - 1)
-                    })
-                    .collect();
-                pack_block(&case.spec.coding, &t, *scale, &masked)
-            })
-            .collect();
+        let payloads = rknot_payloads(&case, &grid);
         let arch = ArchMeta { arch: "llama".into(), hidden_dim: case.manifest.d, num_layers: 4, metadata: Metadata::default() };
         let mut bytes = Vec::new();
         let mut w = RknotWriter::new(&mut bytes).unwrap();
