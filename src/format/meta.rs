@@ -382,6 +382,10 @@ pub struct JsonMeta<'a> {
     pub budget: &'a RefCell<MetaBudget>,
     /// Size of the header the metadata sits in.
     pub header_bytes: u64,
+    /// Arrays of arrays entered so far. Counted here, not left to
+    /// serde_json's recursion limit: a value given before its type is
+    /// parsed later by a fresh deserializer, whose limit starts again.
+    pub depth: usize,
 }
 
 impl JsonMeta<'_> {
@@ -628,7 +632,18 @@ impl<'de> Expect<'de> for Nested<'_> {
         self.0.fail("nested array element is not an object".into())
     }
     fn on_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<MetaValue, A::Error> {
-        let v = typed(self.0, map)?;
+        let c = JsonMeta {
+            depth: self.0.depth + 1,
+            ..self.0
+        };
+        // The same limit as GGUF's: the outermost array is level 1.
+        if c.depth + 1 > crate::format::gguf::MAX_ARRAY_DEPTH {
+            return Err(c.fail(format!(
+                "metadata arrays nested deeper than {} levels",
+                crate::format::gguf::MAX_ARRAY_DEPTH
+            )));
+        }
+        let v = typed(c, map)?;
         if v.meta_type() != MetaType::Array {
             return Err(self.0.fail("nested array element is not an array".into()));
         }
@@ -734,6 +749,7 @@ pub fn parse_metadata_at(
         p: &p,
         budget: &budget,
         header_bytes,
+        depth: 0,
     };
     p.run(Seed(MetadataSeed(c)), json, base, what)
 }
@@ -832,6 +848,31 @@ mod tests {
             },
         );
         md
+    }
+
+    #[test]
+    fn deferred_nested_arrays_are_depth_limited() {
+        // "value" before "type" is parsed after the object, by a fresh
+        // deserializer (its own recursion limit): depth must be counted by
+        // the visitors, or a few hundred KB of header overflow the stack.
+        let mut v = r#"{"value":[1],"type":"array","elem_type":"u8"}"#.to_string();
+        for _ in 0..20_000 {
+            v = format!(r#"{{"value":[{v}],"type":"array","elem_type":"array"}}"#);
+        }
+        let doc = format!(r#"{{"k":{v}}}"#);
+        let e = parse_metadata_json(doc.as_bytes(), doc.len() as u64).unwrap_err();
+        assert!(e.to_string().contains("nested deeper than"), "{e}");
+        // Within the limit (as GGUF's: 4 levels) it parses.
+        let mut ok = r#"{"value":[1],"type":"array","elem_type":"u8"}"#.to_string();
+        for _ in 0..3 {
+            ok = format!(r#"{{"value":[{ok}],"type":"array","elem_type":"array"}}"#);
+        }
+        let doc = format!(r#"{{"k":{ok}}}"#);
+        parse_metadata_json(doc.as_bytes(), doc.len() as u64).unwrap();
+        // One more level is refused.
+        let deeper = format!(r#"{{"k":{{"value":[{ok}],"type":"array","elem_type":"array"}}}}"#);
+        let e = parse_metadata_json(deeper.as_bytes(), deeper.len() as u64).unwrap_err();
+        assert!(e.to_string().contains("nested deeper than 4"), "{e}");
     }
 
     #[test]

@@ -560,6 +560,7 @@ fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed>
         p: &p,
         budget: &budget,
         header_bytes: raw.len() as u64,
+        depth: 0,
     };
     let root = p.run(
         Seed(ObjectOf {
