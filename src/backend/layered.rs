@@ -35,14 +35,16 @@ pub struct LayeredBackend {
     routes: Vec<Route>,
 }
 
+/// A vocabulary table held lossy-encoded (a sketch or .rknot blocks): never
+/// served, since a compressed vocab table poisons the output. A compressed
+/// file may hold one as ggml blocks (a self-contained .rknot), which serves
+/// like a dense file.
+pub(crate) fn is_lossy_vocab(t: &TensorInfo) -> bool {
+    names::is_vocab_tensor(&t.name.dot) && !matches!(t.stored, StoredType::Ggml(_))
+}
+
 impl LayeredBackend {
     pub fn new(primary: Box<dyn Backend>, fallback: Option<Box<dyn Backend>>) -> Result<Self> {
-        // A vocabulary table is never served lossy-encoded; a compressed
-        // file may hold it as ggml blocks (a self-contained .rknot), which
-        // serve like a dense file.
-        let lossy_vocab = |t: &TensorInfo| {
-            names::is_vocab_tensor(&t.name.dot) && !matches!(t.stored, StoredType::Ggml(_))
-        };
         let mut table = TensorTable::default();
         let mut routes = Vec::new();
         let mut used_primary = vec![false; primary.tensors().len()];
@@ -57,7 +59,7 @@ impl LayeredBackend {
             for (fi, finfo) in fb.tensors().entries().iter().enumerate() {
                 let dot = &finfo.name.dot;
                 let route = match p_tab.get(dot) {
-                    Some(pi) if !lossy_vocab(&p_tab.entries()[pi]) => {
+                    Some(pi) if !is_lossy_vocab(&p_tab.entries()[pi]) => {
                         let pinfo = &p_tab.entries()[pi];
                         if pinfo.shape != finfo.shape {
                             return Err(err(
@@ -101,7 +103,7 @@ impl LayeredBackend {
             }
             let mut info: TensorInfo = pinfo.clone();
             info.origin.role = Role::Primary;
-            let route = if lossy_vocab(&info) {
+            let route = if is_lossy_vocab(&info) {
                 info.availability = Availability::Unavailable(vocab_reason(&info.name.dot));
                 Route::Nowhere
             } else {

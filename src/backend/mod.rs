@@ -26,6 +26,7 @@ mod sketch;
 
 pub use dense::DenseBackend;
 pub use layered::LayeredBackend;
+pub(crate) use layered::is_lossy_vocab;
 pub use open::{ParsedFile, open, open_single};
 pub use rknot::RknotBackend;
 pub use sketch::SketchBackend;

@@ -281,7 +281,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
     use rknot::encode::{self, Progress};
     let progress = Progress::for_cli();
     let t0 = std::time::Instant::now();
-    let (out, input, summary) = match what {
+    let (out, input, source, summary) = match what {
         EncodeCmd::Sk32 {
             dense,
             out,
@@ -311,6 +311,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             (
                 out,
                 dense,
+                b,
                 format!("{} sketches, mean rank {mean_rank:.1}", entries.len()),
             )
         }
@@ -352,7 +353,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
             let entries = encode::rknot::encode_rknot(b.as_ref(), &target, &o, &progress)?;
-            (out, dense, format!("{} tensors", entries.len()))
+            (out, dense, b, format!("{} tensors", entries.len()))
         }
         EncodeCmd::Knot {
             gguf,
@@ -362,26 +363,23 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             let b = backend::open(&gguf, None)?;
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
             encode::knot::encode_knot(b.as_ref(), &target, &progress)?;
-            (out, gguf, "dense .knot".to_string())
+            (out, gguf, b, "dense .knot".to_string())
         }
     };
     let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     // Honest size: the whole file over the parameters it serves (opening
     // the output reads only its header).
-    let (parameters, payload) = backend::open(&out, None)
-        .map(|b| {
-            b.tensors()
-                .entries()
-                .iter()
-                .filter(|t| t.is_available())
-                .fold((0u64, 0u64), |(n, p), t| {
-                    (n + t.n_elements, p + t.stored_bytes)
-                })
-        })
-        .unwrap_or((0, 0));
+    let written = backend::open(&out, None).ok();
+    let (parameters, payload) = written.as_ref().map_or((0, 0), |b| {
+        b.tensors()
+            .entries()
+            .iter()
+            .filter(|t| t.is_available())
+            .fold((0u64, 0u64), |(n, p), t| {
+                (n + t.n_elements, p + t.stored_bytes)
+            })
+    });
     let per_weight = |bytes: u64| bytes as f64 * 8.0 / parameters.max(1) as f64;
-    // How far from the input the output is, and what that means for
-    // answers (decodes both once: seconds for SmolLM2).
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "rknot: wrote {} ({size} bytes, {parameters} parameters: {:.3} bits per weight; \
@@ -390,10 +388,11 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
         per_weight(size),
         per_weight(payload),
     );
-    let fidelity = match (backend::open(&out, None), backend::open(&input, None)) {
-        (Ok(e), Ok(d)) => rknot::verify::overall_error(e.as_ref(), d.as_ref()),
-        _ => None,
-    };
+    // How far from the input the output is, and what that means for
+    // answers (decodes both once: seconds for SmolLM2).
+    let fidelity = written
+        .as_ref()
+        .and_then(|e| rknot::verify::overall_error(e.as_ref(), source.as_ref()));
     if let Some(e) = fidelity {
         eprintln!(
             "rknot: overall relative weight error {e:.4} against {}: {}",
