@@ -224,13 +224,14 @@ impl Report {
     }
 }
 
-/// Decode every tensor; record non-finite values and read errors. Only for
-/// files that store every value (GGUF, dense .knot): the work is bounded by
-/// the file's size.
+/// Decode every tensor stored as ggml blocks (all of a GGUF or dense
+/// .knot, a self-contained .rknot's uncompressed ones); record non-finite
+/// values and read errors. Such tensors store every value: the work is
+/// bounded by the file's size.
 fn check_tensors(b: &dyn Backend, faults: &mut Vec<Fault>) {
     let mut buf = vec![0f32; STEP as usize];
     for (i, t) in b.tensors().entries().iter().enumerate() {
-        if !t.is_available() {
+        if !t.is_available() || !matches!(t.stored, StoredType::Ggml(_)) {
             continue;
         }
         let mut at = 0u64;
@@ -491,24 +492,16 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
         Err(e) => return Ok(header_fault(e)),
     };
     let mut faults = Vec::new();
-    let stores_every_value = match &parsed {
-        ParsedFile::Rknot(src, f) => {
-            check_rknot(src, f, &mut faults);
-            false
-        }
-        ParsedFile::Sk32(src, f) => {
-            check_sketches(src, f, &mut faults);
-            false
-        }
-        ParsedFile::DenseKnot(..) | ParsedFile::Gguf(..) => true,
-    };
+    match &parsed {
+        ParsedFile::Rknot(src, f) => check_rknot(src, f, &mut faults),
+        ParsedFile::Sk32(src, f) => check_sketches(src, f, &mut faults),
+        ParsedFile::DenseKnot(..) | ParsedFile::Gguf(..) => {}
+    }
     let enc = match parsed.into_backend(Role::Primary) {
         Ok(b) => b,
         Err(e) => return Ok(header_fault(e)),
     };
-    if stores_every_value {
-        check_tensors(enc.as_ref(), &mut faults);
-    }
+    check_tensors(enc.as_ref(), &mut faults);
     let file_bytes = enc.source_files().iter().map(|f| f.len()).sum();
     // What a mount of the file alone serves: the layering rule the raw
     // backend does not apply leaves out a lossy-encoded vocabulary table.
@@ -552,6 +545,10 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
 pub fn overall_error(enc: &dyn Backend, dense: &dyn Backend) -> Option<f64> {
     let mut faults = Vec::new();
     let tensors = compare(enc, dense, true, &mut faults);
+    if !faults.is_empty() {
+        // A figure over part of the model would mislead.
+        return None;
+    }
     if tensors.is_empty() {
         // Nothing lossy: exact when everything is stored verbatim.
         let entries = enc.tensors().entries();
@@ -683,6 +680,38 @@ mod tests {
             assert!(r.faults.is_empty(), "{}", r.to_text());
             assert!(r.to_text().contains("structure: OK"));
         }
+    }
+
+    /// A self-contained .rknot's uncompressed tensors (ggml blocks) are
+    /// checked like a dense file's: a NaN in one is a fault naming it.
+    #[test]
+    fn rknot_dense_tensor_with_nan_is_a_fault() {
+        use crate::format::rknot::RknotWriter;
+        use crate::quant::GgmlType;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.rknot");
+        let mut bytes = Vec::new();
+        let mut w = RknotWriter::new(&mut bytes).unwrap();
+        let values: Vec<u8> = [1.0f32, f32::NAN, 2.0, 3.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        w.dense_tensor("output_norm.weight", GgmlType::F32, &[4], |off, buf| {
+            buf.copy_from_slice(&values[off as usize..off as usize + buf.len()]);
+            Ok(())
+        })
+        .unwrap();
+        w.finish(&ArchMeta {
+            arch: "llama".into(),
+            hidden_dim: 4,
+            num_layers: 1,
+            metadata: Metadata::default(),
+        })
+        .unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        let (tensor, message) = one_fault(&path);
+        assert_eq!(tensor.as_deref(), Some("output_norm.weight"));
+        assert_eq!(message, "1 decoded values are NaN or infinite");
     }
 
     #[test]

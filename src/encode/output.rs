@@ -226,7 +226,13 @@ impl AtomicOutput {
         if let Ok(c) = CString::new(dir.as_os_str().as_bytes()) {
             // SAFETY: c is a valid C string; the returned descriptor is
             // ours alone and owned by the File from here on.
-            let fd = unsafe { libc::open(c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o600) };
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+                    0o600,
+                )
+            };
             if fd >= 0 {
                 use std::os::fd::FromRawFd;
                 // SAFETY: fd was just opened and is not owned elsewhere.

@@ -595,6 +595,7 @@ pub fn encode_rknot(
             .iter()
             .enumerate()
             .filter(|(_, t)| !encoded.contains(t.name.dot.as_str()))
+            .filter(|(_, t)| matches!(t.stored, crate::backend::StoredType::Ggml(_)))
             .collect()
     };
     let stored = dense.as_dense().filter(|_| !kept.is_empty());
