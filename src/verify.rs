@@ -11,8 +11,9 @@
 //!   read only when that bound overflows);
 //! - SK32: every factor byte is read; per row, `Σ_r |U σ| · max|Vᵀ_r|` must
 //!   stay well inside f32, so no served value can be NaN or infinite;
-//! - GGUF and dense .knot store every served value: every tensor is
-//!   decoded and every value must be finite.
+//! - tensors stored as ggml blocks (all of a GGUF or dense .knot, the
+//!   uncompressed ones of a self-contained .rknot) store every served
+//!   value: each is decoded and every value must be finite.
 //!
 //! Fidelity, per tensor the encoded file carries, against the same tensor
 //! of the dense file (`A` encoded, `B` dense):
