@@ -35,39 +35,59 @@ impl OutPtr {
 
 /// `y[n, d_out] = x[n, d_in] · w[d_out, d_in]ᵀ` (w row-major as served).
 pub fn matmul_t(x: &[f32], n: usize, w: &[f32], d_out: usize, d_in: usize, y: &mut [f32]) {
-    assert_eq!(x.len(), n * d_in, "matmul_t: x is not n × d_in");
-    assert_eq!(w.len(), d_out * d_in, "matmul_t: w is not d_out × d_in");
     assert_eq!(y.len(), n * d_out, "matmul_t: y is not n × d_out");
-    if n == 0 || d_out == 0 {
+    matmul_t_cols(x, n, w, d_out, d_in, y, d_out, 0);
+}
+
+/// Columns `col0..col0 + rows` of `y[n, y_cols]` = `x[n, d_in] · w[rows,
+/// d_in]ᵀ`: a slice of the weight's rows at a time, for weights decoded a
+/// chunk at a time. Each output element depends only on its own row of w
+/// and of x, so a product split this way equals the whole one bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_t_cols(
+    x: &[f32],
+    n: usize,
+    w: &[f32],
+    rows: usize,
+    d_in: usize,
+    y: &mut [f32],
+    y_cols: usize,
+    col0: usize,
+) {
+    assert_eq!(x.len(), n * d_in, "matmul_t: x is not n × d_in");
+    assert_eq!(w.len(), rows * d_in, "matmul_t: w is not rows × d_in");
+    assert!(col0 + rows <= y_cols, "matmul_t: columns past y's width");
+    assert_eq!(y.len(), n * y_cols, "matmul_t: y is not n × y_cols");
+    if n == 0 || rows == 0 {
         return;
     }
     let out = OutPtr(y.as_mut_ptr());
     if n <= SMALL_BATCH {
         // Few tokens: the product is bound by reading w, so read each row
         // once (it stays in L1) and dot it with every token.
-        let tasks = d_out.div_ceil(ROWS_PER_TASK);
+        let tasks = rows.div_ceil(ROWS_PER_TASK);
         (0..tasks).into_par_iter().for_each(|t| {
             let r0 = t * ROWS_PER_TASK;
-            for r in r0..(r0 + ROWS_PER_TASK).min(d_out) {
+            for r in r0..(r0 + ROWS_PER_TASK).min(rows) {
                 let wr = &w[r * d_in..(r + 1) * d_in];
                 for (i, xi) in x.chunks_exact(d_in).enumerate() {
-                    // SAFETY: i < n and r < d_out, so the element is inside
-                    // y; row r belongs to this task alone.
-                    unsafe { *out.at(i * d_out + r) = dot(xi, wr) };
+                    // SAFETY: i < n and col0 + r < y_cols, so the element
+                    // is inside y; row r belongs to this task alone.
+                    unsafe { *out.at(i * y_cols + col0 + r) = dot(xi, wr) };
                 }
             }
         });
         return;
     }
-    let tasks = d_out.div_ceil(COLS_PER_TASK);
+    let tasks = rows.div_ceil(COLS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
         let c0 = t * COLS_PER_TASK;
-        let cols = COLS_PER_TASK.min(d_out - c0);
+        let cols = COLS_PER_TASK.min(rows - c0);
         // SAFETY: the pointers and strides describe, in bounds of the
         // slices checked above: x as n × d_in row-major; rows c0..c0+cols
         // of w read as a d_in × cols matrix (row stride 1, column stride
-        // d_in); and columns c0..c0+cols of y (row stride d_out), which only
-        // this task writes.
+        // d_in); and columns col0+c0..col0+c0+cols of y (row stride
+        // y_cols), which only this task writes.
         unsafe {
             matrixmultiply::sgemm(
                 n,
@@ -81,8 +101,8 @@ pub fn matmul_t(x: &[f32], n: usize, w: &[f32], d_out: usize, d_in: usize, y: &m
                 1,
                 d_in as isize,
                 0.0,
-                out.at(c0),
-                d_out as isize,
+                out.at(col0 + c0),
+                y_cols as isize,
                 1,
             );
         }

@@ -18,10 +18,11 @@ pub mod weights;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 pub use eval::{Candidate, Fidelity, Perplexity};
-pub use model::{Config, KvCache, Model};
+pub use model::{Config, KvCache, Model, Residency};
 pub use tokenizer::Tokenizer;
 pub use weights::{WeightSource, open_source};
 
@@ -78,6 +79,13 @@ pub struct ProbeArgs {
     /// position: top-1 agreement, KL(reference ‖ SOURCE), logits cosine.
     #[arg(long, value_name = "DENSE")]
     pub compare: Option<PathBuf>,
+    /// Where the decoded weights live: `memory` holds the model in fp32 (4
+    /// bytes per parameter); `stream` decodes each matrix from the source,
+    /// 64 MiB of rows at a time, on every forward pass (memory stays small,
+    /// each pass costs a full decode); `auto` streams when the fp32 model
+    /// is larger than three quarters of the available memory.
+    #[arg(long, value_enum, default_value_t = Residency::Auto)]
+    pub weights: Residency,
     /// Take the tokenizer key/values from this model file (for a mount,
     /// whose index.json omits the vocab, default: the files it names).
     #[arg(long, value_name = "FILE")]
@@ -113,7 +121,7 @@ pub fn run(args: ProbeArgs) -> Result<(), Box<dyn std::error::Error>> {
 struct Loaded {
     label: String,
     model: Model,
-    source: Box<dyn WeightSource>,
+    source: Arc<dyn WeightSource>,
 }
 
 fn load(
@@ -121,11 +129,12 @@ fn load(
     path: &Path,
     dense: Option<&Path>,
     tokenizer: Option<&Path>,
+    residency: Residency,
     out: &mut impl Write,
 ) -> BoxResult<Loaded> {
     let t = Instant::now();
-    let source = open_source(path, dense, tokenizer)?;
-    let model = Model::load(source.as_ref())?;
+    let source: Arc<dyn WeightSource> = Arc::from(open_source(path, dense, tokenizer)?);
+    let model = Model::load_with(Arc::clone(&source), residency)?;
     let secs = t.elapsed().as_secs_f64();
     let label = source.describe();
     let bpw = source
@@ -144,6 +153,12 @@ fn load(
         model.n_params() as f64 / 1e6,
         model.n_params() as f64 * 4.0 / (1 << 20) as f64
     )?;
+    if model.is_streamed() {
+        writeln!(
+            out,
+            "          weights streamed: every forward pass decodes the matrices from the source again"
+        )?;
+    }
     Ok(Loaded {
         label,
         model,
@@ -182,12 +197,20 @@ fn run_in_pool(args: &ProbeArgs, threads: usize) -> BoxResult<()> {
         &args.source,
         args.dense.as_deref(),
         args.tokenizer.as_deref(),
+        args.weights,
         &mut out,
     )?;
     let tok_result = Tokenizer::from_metadata(main.source.metadata());
     let reference = match &args.compare {
         Some(p) => {
-            let r = load("reference:", p, None, args.tokenizer.as_deref(), &mut out)?;
+            let r = load(
+                "reference:",
+                p,
+                None,
+                args.tokenizer.as_deref(),
+                args.weights,
+                &mut out,
+            )?;
             if r.model.config.n_vocab != main.model.config.n_vocab {
                 return Err(err(
                     ErrorKind::ShapeMismatch,

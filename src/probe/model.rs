@@ -6,10 +6,11 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::linalg::{dot, matmul_t, rms_norm, softmax, swiglu};
+use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
 use super::weights::WeightSource;
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
@@ -259,31 +260,100 @@ impl Config {
     }
 }
 
+/// Where the decoded weights of the big matrices live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Residency {
+    /// In memory when the fp32 model fits in three quarters of the memory
+    /// available (MemAvailable), else streamed.
+    Auto,
+    /// Decoded once at load and held in fp32: 4 bytes per parameter.
+    Memory,
+    /// Decoded from the source a chunk of rows at a time for every
+    /// product: memory is one chunk, and every forward pass pays a full
+    /// decode of the model.
+    Stream,
+}
+
+/// Floats per streamed chunk (64 MiB): big enough that each decode call
+/// is long, small next to any model worth streaming.
+const STREAM_CHUNK_FLOATS: usize = 16 << 20;
+
+/// A weight matrix the forward pass multiplies by: one tensor, or several
+/// stacked by rows (Q/K/V, gate/up), each `[rows, d_in]`.
+struct Matrix {
+    /// The stacked tensors' names and row counts.
+    parts: Vec<(String, usize)>,
+    /// The decoded rows, or None when the matrix is streamed.
+    resident: Option<Vec<f32>>,
+}
+
+impl Matrix {
+    /// The stacked tensors, allocated in fp32 unless `streamed`.
+    fn new(parts: Vec<(String, usize)>, d_in: usize, streamed: bool) -> Result<Matrix> {
+        let resident = match streamed {
+            true => None,
+            false => {
+                let rows = parts.iter().map(|p| p.1).sum();
+                let what = parts.first().map_or("a matrix", |p| p.0.as_str());
+                Some(zeros(rows, d_in, what)?)
+            }
+        };
+        Ok(Matrix { parts, resident })
+    }
+
+    fn one(name: &str, rows: usize, d_in: usize, streamed: bool) -> Result<Matrix> {
+        Self::new(vec![(name.to_string(), rows)], d_in, streamed)
+    }
+
+    /// Load jobs for the resident rows, one per stacked tensor.
+    fn jobs<'a>(&'a mut self, d_in: usize, jobs: &mut Vec<Job<'a>>) {
+        let Matrix { parts, resident } = self;
+        let Some(buf) = resident.as_mut() else { return };
+        let mut rest = buf.as_mut_slice();
+        for (name, rows) in parts.iter() {
+            let len = (*rows * d_in).min(rest.len());
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            jobs.push(Job {
+                name: name.clone(),
+                shape: vec![*rows as u64, d_in as u64],
+                out: head,
+            });
+            rest = tail;
+        }
+    }
+}
+
 struct Layer {
     attn_norm: Vec<f32>,
     /// Q, K and V projections stacked: `[q_dim + 2 kv_dim, d_model]`, so
     /// one pass over the activations computes all three.
-    wqkv: Vec<f32>,
+    wqkv: Matrix,
     bqkv: Option<Vec<f32>>,
-    wo: Vec<f32>,
+    wo: Matrix,
     ffn_norm: Vec<f32>,
     /// Gate and up stacked: `[2 d_ff, d_model]`.
-    w_gate_up: Vec<f32>,
-    w_down: Vec<f32>,
+    w_gate_up: Matrix,
+    w_down: Matrix,
 }
 
-/// Loaded weights, all fp32.
+/// Loaded weights: norms and biases in fp32, the matrices in fp32 memory
+/// or streamed from the source (see [`Residency`]).
 pub struct Model {
     pub config: Config,
-    tok_embd: Vec<f32>,
+    tok_embd: Matrix,
     layers: Vec<Layer>,
     out_norm: Vec<f32>,
-    output: Option<Vec<f32>>,
+    output: Option<Matrix>,
     /// Per rotated pair: the angle per position, `base^(-2i/n_rot) ·
     /// scale / freq_factor_i`.
     inv_freq: Vec<f64>,
     /// Tensor names read, for bits-per-weight reports.
     pub tensor_names: Vec<String>,
+    n_params: usize,
+    /// Floats per streamed chunk ([`STREAM_CHUNK_FLOATS`]).
+    chunk_floats: usize,
+    /// Where streamed matrices are read from (None: all resident).
+    source: Option<Arc<dyn WeightSource>>,
 }
 
 /// Per-layer keys and values of the positions seen so far.
@@ -316,6 +386,29 @@ impl KvCache {
             x.clear();
         }
         self.len = 0;
+    }
+}
+
+fn not_loaded() -> crate::error::Error {
+    err(
+        ErrorKind::BadValue,
+        "internal: a matrix is neither loaded nor streamed",
+    )
+}
+
+/// Whether `bytes` fit in three quarters of MemAvailable (true when it
+/// cannot be read: holding the weights is the old, simple behaviour).
+fn fits_in_memory(bytes: usize) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
+        return true;
+    };
+    let kib = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    match kib {
+        Some(k) => (bytes as u64) <= k.saturating_mul(1024) / 4 * 3,
+        None => true,
     }
 }
 
@@ -364,10 +457,24 @@ fn check_shape(src: &dyn WeightSource, name: &str, want: &[u64]) -> Result<()> {
 }
 
 impl Model {
-    /// Read every weight the forward pass needs from `src`, checking each
-    /// served shape against the hyper-parameters. Tensors load in parallel
-    /// on the current rayon pool.
+    /// Read every weight the forward pass needs from `src` into memory,
+    /// checking each served shape against the hyper-parameters. Tensors
+    /// load in parallel on the current rayon pool.
     pub fn load(src: &dyn WeightSource) -> Result<Model> {
+        Self::load_parts(src, None, Residency::Memory)
+    }
+
+    /// As [`Model::load`], with the matrices held as `residency` says;
+    /// streamed ones are read from `src` on every forward pass.
+    pub fn load_with(src: Arc<dyn WeightSource>, residency: Residency) -> Result<Model> {
+        Self::load_parts(src.as_ref(), Some(&src), residency)
+    }
+
+    fn load_parts(
+        src: &dyn WeightSource,
+        keep: Option<&Arc<dyn WeightSource>>,
+        residency: Residency,
+    ) -> Result<Model> {
         let mut cfg = Config::from_metadata(src.metadata())?;
         let (d, ff, qd, kvd) = (cfg.d_model, cfg.d_ff, cfg.q_dim(), cfg.kv_dim());
         let embd_shape = src.shape("token_embd.weight").ok_or_else(|| {
@@ -436,101 +543,107 @@ impl Model {
             check_shape(src, name, shape)?;
         }
 
-        let qkv = qd + 2 * kvd;
-        let mut tok_embd = zeros(n_vocab, d, "token_embd.weight")?;
+        let n_params: usize = plan
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<u64>())
+            .sum::<u64>()
+            .try_into()
+            .map_err(|_| err(ErrorKind::TooLarge, "the model does not fit in memory"))?;
+        let streamed = match residency {
+            Residency::Memory => false,
+            Residency::Stream => true,
+            Residency::Auto => !fits_in_memory(n_params.saturating_mul(4)),
+        };
+        let source = match (streamed, keep) {
+            (false, _) => None,
+            (true, Some(s)) => Some(Arc::clone(s)),
+            (true, None) => {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    "internal: streamed weights need a shared source",
+                ));
+            }
+        };
+        let mut tok_embd = Matrix::one("token_embd.weight", n_vocab, d, streamed)?;
         let mut out_norm = zeros(1, d, "output_norm.weight")?;
         let mut output = match cfg.tied_embeddings {
             true => None,
-            false => Some(zeros(n_vocab, d, "output.weight")?),
+            false => Some(Matrix::one("output.weight", n_vocab, d, streamed)?),
         };
         let mut layers = Vec::with_capacity(cfg.n_layer);
-        for _ in 0..cfg.n_layer {
+        for i in 0..cfg.n_layer {
+            let p = |s: &str| format!("blk.{i}.{s}");
             layers.push(Layer {
                 attn_norm: zeros(1, d, "attn_norm")?,
-                wqkv: zeros(qkv, d, "attn_q/k/v")?,
+                wqkv: Matrix::new(
+                    vec![
+                        (p("attn_q.weight"), qd),
+                        (p("attn_k.weight"), kvd),
+                        (p("attn_v.weight"), kvd),
+                    ],
+                    d,
+                    streamed,
+                )?,
                 bqkv: if has_bias {
-                    Some(zeros(1, qkv, "attn biases")?)
+                    Some(zeros(1, qd + 2 * kvd, "attn biases")?)
                 } else {
                     None
                 },
-                wo: zeros(d, qd, "attn_output")?,
+                wo: Matrix::one(&p("attn_output.weight"), d, qd, streamed)?,
                 ffn_norm: zeros(1, d, "ffn_norm")?,
-                w_gate_up: zeros(2 * ff, d, "ffn_gate/up")?,
-                w_down: zeros(d, ff, "ffn_down")?,
+                w_gate_up: Matrix::new(
+                    vec![(p("ffn_gate.weight"), ff), (p("ffn_up.weight"), ff)],
+                    d,
+                    streamed,
+                )?,
+                w_down: Matrix::one(&p("ffn_down.weight"), d, ff, streamed)?,
             });
         }
 
-        let mut jobs: Vec<Job> = vec![
-            Job {
-                name: "token_embd.weight".into(),
-                shape: vec![v64, d64],
-                out: &mut tok_embd,
-            },
-            Job {
-                name: "output_norm.weight".into(),
-                shape: vec![d64],
-                out: &mut out_norm,
-            },
-        ];
+        // Streamed tensors, for the check against the plan below.
+        let mut streamed_parts: Vec<(String, Vec<u64>)> = Vec::new();
+        if streamed {
+            let mut matrices: Vec<(&Matrix, usize)> = vec![(&tok_embd, d)];
+            matrices.extend(output.as_ref().map(|o| (o, d)));
+            for l in &layers {
+                matrices.extend([
+                    (&l.wqkv, d),
+                    (&l.wo, qd),
+                    (&l.w_gate_up, d),
+                    (&l.w_down, ff),
+                ]);
+            }
+            for (m, d_in) in matrices {
+                for (name, rows) in &m.parts {
+                    streamed_parts.push((name.clone(), vec![*rows as u64, d_in as u64]));
+                }
+            }
+        }
+        let mut jobs: Vec<Job> = vec![Job {
+            name: "output_norm.weight".into(),
+            shape: vec![d64],
+            out: &mut out_norm,
+        }];
+        tok_embd.jobs(d, &mut jobs);
         if let Some(o) = output.as_mut() {
-            jobs.push(Job {
-                name: "output.weight".into(),
-                shape: vec![v64, d64],
-                out: o,
-            });
+            o.jobs(d, &mut jobs);
         }
         for (i, l) in layers.iter_mut().enumerate() {
             let p = |s: &str| format!("blk.{i}.{s}");
-            let (q, rest) = l.wqkv.split_at_mut(qd * d);
-            let (k, v) = rest.split_at_mut(kvd * d);
-            let (gate, up) = l.w_gate_up.split_at_mut(ff * d);
-            jobs.extend([
-                Job {
-                    name: p("attn_norm.weight"),
-                    shape: vec![d64],
-                    out: &mut l.attn_norm,
-                },
-                Job {
-                    name: p("attn_q.weight"),
-                    shape: vec![qd64, d64],
-                    out: q,
-                },
-                Job {
-                    name: p("attn_k.weight"),
-                    shape: vec![kvd64, d64],
-                    out: k,
-                },
-                Job {
-                    name: p("attn_v.weight"),
-                    shape: vec![kvd64, d64],
-                    out: v,
-                },
-                Job {
-                    name: p("attn_output.weight"),
-                    shape: vec![d64, qd64],
-                    out: &mut l.wo,
-                },
-                Job {
-                    name: p("ffn_norm.weight"),
-                    shape: vec![d64],
-                    out: &mut l.ffn_norm,
-                },
-                Job {
-                    name: p("ffn_gate.weight"),
-                    shape: vec![ff64, d64],
-                    out: gate,
-                },
-                Job {
-                    name: p("ffn_up.weight"),
-                    shape: vec![ff64, d64],
-                    out: up,
-                },
-                Job {
-                    name: p("ffn_down.weight"),
-                    shape: vec![d64, ff64],
-                    out: &mut l.w_down,
-                },
-            ]);
+            jobs.push(Job {
+                name: p("attn_norm.weight"),
+                shape: vec![d64],
+                out: &mut l.attn_norm,
+            });
+            jobs.push(Job {
+                name: p("ffn_norm.weight"),
+                shape: vec![d64],
+                out: &mut l.ffn_norm,
+            });
+            l.wqkv.jobs(d, &mut jobs);
+            l.wo.jobs(qd, &mut jobs);
+            l.w_gate_up.jobs(d, &mut jobs);
+            l.w_down.jobs(ff, &mut jobs);
             if let Some(b) = l.bqkv.as_mut() {
                 let (bq, rest) = b.split_at_mut(qd);
                 let (bk, bv) = rest.split_at_mut(kvd);
@@ -553,25 +666,43 @@ impl Model {
                 ]);
             }
         }
-        // The jobs must be exactly the plan that was checked: a shorter
-        // destination would silently read only a prefix of a tensor.
+        // What is loaded now or streamed later must be exactly the plan
+        // that was checked: a shorter destination would silently read only
+        // a prefix of a tensor.
         let planned: HashMap<&str, &[u64]> = plan
             .iter()
             .map(|(n, s)| (n.as_str(), s.as_slice()))
             .collect();
-        for j in &jobs {
-            let fits = planned.get(j.name.as_str()) == Some(&j.shape.as_slice())
-                && j.shape.iter().product::<u64>() == j.out.len() as u64;
-            if !fits || jobs.len() != plan.len() {
+        let loaded = jobs
+            .iter()
+            .map(|j| (j.name.as_str(), &j.shape, j.out.len() as u64));
+        let streamed_only = streamed_parts
+            .iter()
+            .map(|(n, s)| (n.as_str(), s, s.iter().product::<u64>()));
+        let mut count = 0;
+        for (name, shape, len) in loaded.chain(streamed_only) {
+            count += 1;
+            let fits = planned.get(name) == Some(&shape.as_slice())
+                && shape.iter().product::<u64>() == len;
+            if !fits {
                 return Err(err(
                     ErrorKind::BadShape,
-                    format!("internal: load plan and buffers disagree at {}", j.name),
+                    format!("internal: load plan and buffers disagree at {name}"),
                 ));
             }
         }
-        let tensor_names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        if count != plan.len() {
+            return Err(err(
+                ErrorKind::BadShape,
+                format!(
+                    "internal: {count} tensors loaded or streamed, {} planned",
+                    plan.len()
+                ),
+            ));
+        }
+        let tensor_names: Vec<String> = plan.iter().map(|(n, _)| n.clone()).collect();
         jobs.par_iter_mut()
-            .try_for_each(|j| src.read_into(&j.name, j.out))?;
+            .try_for_each(|j| src.read_into(&j.name, 0, j.out))?;
         drop(jobs);
 
         // Llama 3 style per-pair frequency factors, when the file has them.
@@ -579,7 +710,7 @@ impl Model {
         let mut freq_factors = vec![1f32; half];
         if src.shape("rope_freqs.weight").is_some() {
             check_shape(src, "rope_freqs.weight", &[half as u64])?;
-            src.read_into("rope_freqs.weight", &mut freq_factors)?;
+            src.read_into("rope_freqs.weight", 0, &mut freq_factors)?;
         }
         let inv_freq = (0..half)
             .map(|i| {
@@ -606,25 +737,87 @@ impl Model {
             output,
             inv_freq,
             tensor_names,
+            n_params,
+            chunk_floats: STREAM_CHUNK_FLOATS,
+            source,
         })
     }
 
-    /// Parameters held (the tied head counted once).
+    /// Parameters used (the tied head counted once).
     pub fn n_params(&self) -> usize {
-        let l: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                l.attn_norm.len()
-                    + l.wqkv.len()
-                    + l.bqkv.as_ref().map_or(0, Vec::len)
-                    + l.wo.len()
-                    + l.ffn_norm.len()
-                    + l.w_gate_up.len()
-                    + l.w_down.len()
-            })
-            .sum();
-        l + self.tok_embd.len() + self.out_norm.len() + self.output.as_ref().map_or(0, Vec::len)
+        self.n_params
+    }
+
+    /// Stream in chunks of about `floats` (at least one row): tests use
+    /// tiny chunks to cross chunk boundaries inside a matrix.
+    #[doc(hidden)]
+    pub fn set_stream_chunk(&mut self, floats: usize) {
+        self.chunk_floats = floats.max(1);
+    }
+
+    /// Whether the matrices are streamed from the source.
+    pub fn is_streamed(&self) -> bool {
+        self.source.is_some()
+    }
+
+    /// Embedding row of token `t` into `row`.
+    fn embed(&self, t: usize, row: &mut [f32]) -> Result<()> {
+        let d = row.len();
+        match (&self.tok_embd.resident, &self.source) {
+            (Some(w), _) => {
+                row.copy_from_slice(&w[t * d..(t + 1) * d]);
+                Ok(())
+            }
+            (None, Some(src)) => src.read_into("token_embd.weight", (t * d) as u64, row),
+            (None, None) => Err(not_loaded()),
+        }
+    }
+
+    /// `y[n, d_out] = x[n, d_in] · mᵀ`, from memory or decoding `m` a
+    /// chunk of rows at a time into `chunk` (reused across calls). Equal
+    /// bit for bit either way: see [`matmul_t_cols`].
+    #[allow(clippy::too_many_arguments)]
+    fn mul(
+        &self,
+        x: &[f32],
+        n: usize,
+        m: &Matrix,
+        d_out: usize,
+        d_in: usize,
+        y: &mut [f32],
+        chunk: &mut Vec<f32>,
+    ) -> Result<()> {
+        let src = match (&m.resident, &self.source) {
+            (Some(w), _) => {
+                matmul_t(x, n, w, d_out, d_in, y);
+                return Ok(());
+            }
+            (None, Some(src)) => src,
+            (None, None) => return Err(not_loaded()),
+        };
+        let chunk_rows = (self.chunk_floats / d_in.max(1)).max(1);
+        // Decode pieces: whole 256-element super-blocks where possible,
+        // several per thread so a slow piece does not idle the others.
+        let piece = (chunk_rows * d_in / (rayon::current_num_threads() * 4))
+            .next_multiple_of(256)
+            .max(256);
+        let mut col0 = 0;
+        for (name, rows) in &m.parts {
+            let mut r = 0;
+            while r < *rows {
+                let take = chunk_rows.min(rows - r);
+                chunk.resize(take * d_in, 0.0);
+                let first = (r * d_in) as u64;
+                chunk
+                    .par_chunks_mut(piece)
+                    .enumerate()
+                    .try_for_each(|(i, p)| src.read_into(name, first + (i * piece) as u64, p))?;
+                matmul_t_cols(x, n, chunk, take, d_in, y, d_out, col0 + r);
+                r += take;
+            }
+            col0 += rows;
+        }
+        Ok(())
     }
 
     /// Rotate each head's first `n_rot` dims of `x` (rows of `n_heads`
@@ -680,9 +873,9 @@ impl Model {
         let p0 = cache.len;
         let mut x = vec![0f32; n * d];
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
-            let t = t as usize;
-            row.copy_from_slice(&self.tok_embd[t * d..(t + 1) * d]);
+            self.embed(t as usize, row)?;
         }
+        let mut chunk = Vec::new();
         let qkv_w = qd + 2 * kvd;
         let mut h = vec![0f32; n * d];
         let mut qkv = vec![0f32; n * qkv_w];
@@ -693,7 +886,7 @@ impl Model {
         let mut act = vec![0f32; n * ff];
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h);
-            matmul_t(&h, n, &l.wqkv, qkv_w, d, &mut qkv);
+            self.mul(&h, n, &l.wqkv, qkv_w, d, &mut qkv, &mut chunk)?;
             let (kc, vc) = (&mut cache.k[li], &mut cache.v[li]);
             for (i, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
                 if let Some(b) = &l.bqkv {
@@ -710,18 +903,18 @@ impl Model {
                 vc.extend_from_slice(vr);
             }
             self.attention(&q, &cache.k[li], &cache.v[li], p0, &mut att);
-            matmul_t(&att, n, &l.wo, d, qd, &mut proj);
+            self.mul(&att, n, &l.wo, d, qd, &mut proj, &mut chunk)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
             rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h);
-            matmul_t(&h, n, &l.w_gate_up, 2 * ff, d, &mut gu);
+            self.mul(&h, n, &l.w_gate_up, 2 * ff, d, &mut gu, &mut chunk)?;
             for (g, a) in gu.chunks_exact_mut(2 * ff).zip(act.chunks_exact_mut(ff)) {
                 let (gate, up) = g.split_at_mut(ff);
                 swiglu(gate, up);
                 a.copy_from_slice(gate);
             }
-            matmul_t(&act, n, &l.w_down, d, ff, &mut proj);
+            self.mul(&act, n, &l.w_down, d, ff, &mut proj, &mut chunk)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
@@ -735,9 +928,9 @@ impl Model {
             c.rms_eps,
             &mut hn,
         );
-        let head = self.output.as_deref().unwrap_or(&self.tok_embd);
+        let head = self.output.as_ref().unwrap_or(&self.tok_embd);
         let mut logits = vec![0f32; m * c.n_vocab];
-        matmul_t(&hn, m, head, c.n_vocab, d, &mut logits);
+        self.mul(&hn, m, head, c.n_vocab, d, &mut logits, &mut chunk)?;
         Ok(logits)
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -21,8 +21,9 @@ pub trait WeightSource: Send + Sync {
     /// tensor. Names are GGUF dot spellings.
     fn shape(&self, name: &str) -> Option<Vec<u64>>;
 
-    /// Decode the whole tensor into `out` (`out.len()` = its element count).
-    fn read_into(&self, name: &str, out: &mut [f32]) -> Result<()>;
+    /// Decode elements `[first_elem, first_elem + out.len())` of the
+    /// tensor (row-major over its served shape) into `out`.
+    fn read_into(&self, name: &str, first_elem: u64, out: &mut [f32]) -> Result<()>;
 
     /// The model's key/values (architecture; the tokenizer where present).
     fn metadata(&self) -> &Metadata;
@@ -65,10 +66,10 @@ impl WeightSource for BackendSource {
         b.tensors().info(i).map(|t| t.shape.clone())
     }
 
-    fn read_into(&self, name: &str, out: &mut [f32]) -> Result<()> {
+    fn read_into(&self, name: &str, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let b: &dyn Backend = self.backend.as_ref();
         let i = b.find(name)?;
-        b.read_f32(i, 0, out).map_err(|e| e.tensor(name))
+        b.read_f32(i, first_elem, out).map_err(|e| e.tensor(name))
     }
 
     fn metadata(&self) -> &Metadata {
@@ -241,20 +242,37 @@ impl WeightSource for MountSource {
         self.tensors.get(name).map(|t| t.shape.clone())
     }
 
-    fn read_into(&self, name: &str, out: &mut [f32]) -> Result<()> {
+    fn read_into(&self, name: &str, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let t = self.tensors.get(name).ok_or_else(|| {
             err(ErrorKind::NotFound, format!("no tensor named {name:?}")).path(&self.dir)
         })?;
-        let mut f = File::open(&t.file).map_err(|e| Error::io(&t.file, "open", e))?;
-        let want = out.len() as u64 * 4;
+        let f = File::open(&t.file).map_err(|e| Error::io(&t.file, "open", e))?;
+        let elems = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        let want = elems.and_then(|n| n.checked_mul(4));
+        let end = first_elem.checked_add(out.len() as u64);
+        if end.is_none_or(|e| Some(e) > elems) {
+            return Err(err(
+                ErrorKind::Range,
+                format!(
+                    "elements {first_elem}+{} outside the index's shape {:?}",
+                    out.len(),
+                    t.shape
+                ),
+            )
+            .path(&t.file)
+            .tensor(name));
+        }
         let size = f
             .metadata()
             .map_err(|e| Error::io(&t.file, "stat", e))?
             .len();
-        if size != want {
+        if Some(size) != want {
             return Err(err(
                 ErrorKind::LengthMismatch,
-                format!("file has {size} bytes, the index's shape needs {want}"),
+                format!(
+                    "file has {size} bytes, the index's shape {:?} needs 4 per element",
+                    t.shape
+                ),
             )
             .path(&t.file)
             .tensor(name));
@@ -262,7 +280,7 @@ impl WeightSource for MountSource {
         // The served bytes are little-endian f32: read them straight into
         // the output and fix the byte order only on big-endian hosts.
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
-        f.read_exact(bytes)
+        f.read_exact_at(bytes, first_elem * 4)
             .map_err(|e| Error::io(&t.file, "read", e).tensor(name))?;
         if cfg!(target_endian = "big") {
             for v in out.iter_mut() {
@@ -341,8 +359,8 @@ impl WeightSource for WithMetadata {
     fn shape(&self, name: &str) -> Option<Vec<u64>> {
         self.inner.shape(name)
     }
-    fn read_into(&self, name: &str, out: &mut [f32]) -> Result<()> {
-        self.inner.read_into(name, out)
+    fn read_into(&self, name: &str, first_elem: u64, out: &mut [f32]) -> Result<()> {
+        self.inner.read_into(name, first_elem, out)
     }
     fn metadata(&self) -> &Metadata {
         &self.md
