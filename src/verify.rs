@@ -30,6 +30,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use rayon::prelude::*;
 use serde_json::{Value, json};
 
 use crate::backend::{self, Backend, ParsedFile, Role, StoredType};
@@ -265,58 +266,64 @@ fn compare(
     only_lossy: bool,
     faults: &mut Vec<Fault>,
 ) -> Vec<(String, Sums)> {
+    // Tensors in parallel, each summed in order as before: the figures do
+    // not depend on the thread count, and results keep the file's order.
+    let results: Vec<Option<std::result::Result<Sums, Fault>>> = enc
+        .tensors()
+        .entries()
+        .par_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if !t.is_available() || (only_lossy && matches!(t.stored, StoredType::Ggml(_))) {
+                return None;
+            }
+            let fault = |message: String| Fault {
+                tensor: Some(t.name.dot.clone()),
+                message,
+            };
+            let Ok(j) = dense.find(&t.name.dot) else {
+                return Some(Err(fault("not in the dense file".into())));
+            };
+            let d = &dense.tensors().entries()[j];
+            if d.shape != t.shape {
+                return Some(Err(fault(format!(
+                    "shape {:?} here, {:?} in the dense file",
+                    t.shape, d.shape
+                ))));
+            }
+            let mut s = Sums {
+                stored_bits: t.stored_bytes as f64 * 8.0,
+                n: t.n_elements,
+                ..Sums::default()
+            };
+            let (mut a, mut b) = (vec![0f32; STEP as usize], vec![0f32; STEP as usize]);
+            let mut at = 0u64;
+            while at < t.n_elements {
+                let n = STEP.min(t.n_elements - at) as usize;
+                if let Err(e) = enc
+                    .read_f32(i, at, &mut a[..n])
+                    .and_then(|()| dense.read_f32(j, at, &mut b[..n]))
+                {
+                    return Some(Err(fault(e.to_string())));
+                }
+                for (&x, &y) in a[..n].iter().zip(&b[..n]) {
+                    let (x, y) = (f64::from(x), f64::from(y));
+                    s.err2 += (x - y) * (x - y);
+                    s.ref2 += y * y;
+                    s.enc2 += x * x;
+                    s.dot += x * y;
+                }
+                at += n as u64;
+            }
+            Some(Ok(s))
+        })
+        .collect();
     let mut out = Vec::new();
-    let (mut a, mut b) = (vec![0f32; STEP as usize], vec![0f32; STEP as usize]);
-    for (i, t) in enc.tensors().entries().iter().enumerate() {
-        if !t.is_available() || (only_lossy && matches!(t.stored, StoredType::Ggml(_))) {
-            continue;
-        }
-        let Ok(j) = dense.find(&t.name.dot) else {
-            faults.push(Fault {
-                tensor: Some(t.name.dot.clone()),
-                message: "not in the dense file".into(),
-            });
-            continue;
-        };
-        let d = &dense.tensors().entries()[j];
-        if d.shape != t.shape {
-            faults.push(Fault {
-                tensor: Some(t.name.dot.clone()),
-                message: format!("shape {:?} here, {:?} in the dense file", t.shape, d.shape),
-            });
-            continue;
-        }
-        let mut s = Sums {
-            stored_bits: t.stored_bytes as f64 * 8.0,
-            n: t.n_elements,
-            ..Sums::default()
-        };
-        let mut at = 0u64;
-        let mut ok = true;
-        while at < t.n_elements {
-            let n = STEP.min(t.n_elements - at) as usize;
-            if let Err(e) = enc
-                .read_f32(i, at, &mut a[..n])
-                .and_then(|()| dense.read_f32(j, at, &mut b[..n]))
-            {
-                faults.push(Fault {
-                    tensor: Some(t.name.dot.clone()),
-                    message: e.to_string(),
-                });
-                ok = false;
-                break;
-            }
-            for (&x, &y) in a[..n].iter().zip(&b[..n]) {
-                let (x, y) = (f64::from(x), f64::from(y));
-                s.err2 += (x - y) * (x - y);
-                s.ref2 += y * y;
-                s.enc2 += x * x;
-                s.dot += x * y;
-            }
-            at += n as u64;
-        }
-        if ok {
-            out.push((t.name.dot.clone(), s));
+    for (t, r) in enc.tensors().entries().iter().zip(results) {
+        match r {
+            Some(Ok(s)) => out.push((t.name.dot.clone(), s)),
+            Some(Err(f)) => faults.push(f),
+            None => {}
         }
     }
     out

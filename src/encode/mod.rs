@@ -12,6 +12,7 @@ pub mod output;
 pub mod rknot;
 pub mod sk32;
 
+use rayon::prelude::*;
 use std::io::IsTerminal;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -155,7 +156,13 @@ pub fn read_tensor(b: &dyn Backend, index: usize) -> Result<Vec<f32>> {
     let n =
         usize::try_from(n).map_err(|_| err(ErrorKind::TooLarge, "tensor too large to encode"))?;
     let mut v = vec![0f32; n];
-    b.read_f32(index, 0, &mut v)?;
+    // In pieces on the rayon pool: encoders hold one matrix at a time, so
+    // each read should use every core. A piece is a multiple of every ggml
+    // block's element count, so no block is decoded twice.
+    const PIECE: usize = 1 << 20;
+    v.par_chunks_mut(PIECE)
+        .enumerate()
+        .try_for_each(|(k, p)| b.read_f32(index, (k * PIECE) as u64, p))?;
     Ok(v)
 }
 

@@ -252,9 +252,15 @@ impl Ord for OrdF64 {
     }
 }
 
-/// Per-hidden-dimension energies of one layer.
-fn layer_energy(mats: &[(&str, &[f32], u64, u64)], hidden: u64, how: ManifestEnergy) -> Vec<f64> {
-    let mut e = vec![0f64; hidden as usize];
+/// Add the per-hidden-dimension energies of some of a layer's matrices
+/// to `e` (one entry per hidden dimension). Called once per matrix in the
+/// layer's order, it sums exactly as one call over the whole layer.
+fn add_layer_energy(
+    e: &mut [f64],
+    mats: &[(&str, &[f32], u64, u64)],
+    hidden: u64,
+    how: ManifestEnergy,
+) {
     for &(kind, w, d_out, d_in) in mats {
         let axis = match hidden_axis(kind) {
             Some(a) => a,
@@ -288,7 +294,6 @@ fn layer_energy(mats: &[(&str, &[f32], u64, u64)], hidden: u64, how: ManifestEne
             _ => {}
         }
     }
-    e
 }
 
 /// The manifest from per-dimension energies.
@@ -457,6 +462,9 @@ fn encode_matrix(
                 budget,
                 o.clip_search,
             );
+            // The lines were only for choosing widths; free their copy of
+            // the matrix before the blocks make another.
+            drop(lines);
             let max_bits = widths.iter().copied().max().unwrap_or(o.min_bits).max(1);
             let (block_rows, block_cols) = match line_axis {
                 Axis::Rows => (1, block),
@@ -614,29 +622,27 @@ pub fn encode_rknot(
     let mut entries = Vec::new();
     for (&index, mats) in &layers {
         progress.check()?;
-        let dense_mats = mats
-            .par_iter()
-            .map(|&(i, t)| Ok((t, read_tensor(dense, i)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let views: Vec<(&str, &[f32], u64, u64)> = dense_mats
-            .iter()
-            .map(|(t, w)| {
-                (
-                    tensor_kind(&t.name.dot),
-                    w.as_slice(),
-                    t.shape[0],
-                    t.shape[1],
-                )
-            })
-            .collect();
-        let energy = layer_energy(&views, hidden, o.energy);
+        // Two passes, one matrix in memory at a time: the manifest needs
+        // every matrix's energy before any is encoded, and holding the
+        // whole layer would make peak memory a layer's fp32 size (3.4 GB
+        // for a 70B layer) instead of its largest matrix's (0.9 GB). The
+        // price is decoding the source twice.
+        let mut energy = vec![0f64; hidden as usize];
+        for &(i, t) in mats {
+            progress.check()?;
+            let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
+            let kind = tensor_kind(&t.name.dot);
+            add_layer_energy(&mut energy, &[(kind, &w, t.shape[0], t.shape[1])], hidden, o.energy);
+        }
         let manifest = build_manifest(&energy, o.coverage);
         writer.begin_layer(index, manifest.clone());
-        for (t, w) in &dense_mats {
+        for &(i, t) in mats {
             progress.check()?;
+            let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
             let (spec, blocks) =
-                encode_matrix(&t.name.dot, w, t.shape[0], t.shape[1], &manifest, o)
+                encode_matrix(&t.name.dot, &w, t.shape[0], t.shape[1], &manifest, o)
                     .map_err(|e| e.tensor(&t.name.dot))?;
+            drop(w);
             entries.push(RknotEntry {
                 name: t.name.dot.clone(),
                 stored_bytes: blocks.iter().map(|b| b.len() as u64).sum(),
