@@ -632,7 +632,12 @@ pub fn encode_rknot(
             progress.check()?;
             let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
             let kind = tensor_kind(&t.name.dot);
-            add_layer_energy(&mut energy, &[(kind, &w, t.shape[0], t.shape[1])], hidden, o.energy);
+            add_layer_energy(
+                &mut energy,
+                &[(kind, &w, t.shape[0], t.shape[1])],
+                hidden,
+                o.energy,
+            );
         }
         let manifest = build_manifest(&energy, o.coverage);
         writer.begin_layer(index, manifest.clone());
