@@ -9,8 +9,9 @@
 #   LAYERS=8 tools/bench-views.sh          # the same model with 8 blocks
 #   MOUNT_BIN=/path/to/other/rknot-mount tools/bench-views.sh   # compare a build
 #
-# The model (examples/make_7b_sparse.rs) is written to $BENCH_DIR (default
-# /tmp/rknot-bench-views); its data section is a hole, so it takes a few MB.
+# The model (examples/make_synth_model.rs --shape qwen2.5-7b --sparse) is
+# written to $BENCH_DIR (default /tmp/rknot-bench-views); its data section is
+# a hole, so it takes a few MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-5}
@@ -18,11 +19,12 @@ shift || true
 layers=${LAYERS:-28}
 dir=${BENCH_DIR:-/tmp/rknot-bench-views}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build --release --quiet --bin rknot-mount --example make_7b_sparse
+cargo build --release --quiet --bin rknot-mount --example make_synth_model
 bin=${MOUNT_BIN:-$CARGO_TARGET_DIR/release/rknot-mount}
 mkdir -p "$dir"
-model=$dir/q7b-$layers.gguf
-[ -f "$model" ] || "$CARGO_TARGET_DIR/release/examples/make_7b_sparse" "$model" "$layers"
+model=$dir/q7b-$layers-sparse.gguf
+[ -f "$model" ] || "$CARGO_TARGET_DIR/release/examples/make_synth_model" "$model" \
+  --shape qwen2.5-7b --layers "$layers" --sparse
 mp=$dir/mnt
 mkdir -p "$mp"
 
