@@ -59,9 +59,8 @@ timed() {
 size_note() { # FILE: size and honest bits per weight (whole file x 8 / parameters)
   "$bin/rknot" inspect "$1" --json | python3 -c '
 import json, sys
-j = json.load(sys.stdin)
-t = j.get("totals", {})
-print(f"{t.get(\"file_bytes\", 0) / 1e9:.2f} GB, {t.get(\"bits_per_weight\", 0):.3f} bpw (whole file)")'
+t = json.load(sys.stdin)["totals"]
+print("%.2f GB, %.3f bpw (whole file)" % (t["file_bytes"] / 1e9, t["bits_per_weight"]))'
 }
 
 echo "# bench-scale $(date -u +%FT%TZ) $(git rev-parse --short HEAD) on $(nproc) CPUs" | tee -a "$log"
