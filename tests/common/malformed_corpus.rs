@@ -1667,6 +1667,23 @@ fn rknot3_cases(c: &mut Corpus) {
         "length codes starting past the end of the block index",
     );
     c.case(
+        "rknot3_codes_shared.rknot",
+        // Tensor 1's two equal blocks of length L coded as base L - 8, step
+        // 4, 2 bits, both values 2, read from the byte that holds layer 1's
+        // codes (bits 0-1: 0 and 1; bit 3 set for tensor 1's second value).
+        // Every length is valid; the ranges add up to twice the index.
+        rknot3_edit(|h, _, index| {
+            let at = l1(h)["block_lengths"]["at"].as_u64().unwrap();
+            let len = t1(h)["data"][1].as_u64().unwrap() / 2;
+            t1(h)["block_lengths"] = json!({"at": at, "base": len - 8, "step": 4, "bits": 2});
+            index[at as usize] |= 0b1000;
+        }),
+        "OutOfBounds",
+        "code ranges may not overlap",
+        "two tensors' length codes sharing index bytes (a small file could claim many times its \
+         size in memory)",
+    );
+    c.case(
         "rknot3_bad_block_length.rknot",
         hedit(&|h| l1(h)["block_lengths"]["base"] = json!(100)),
         "LengthMismatch",

@@ -611,6 +611,7 @@ fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed>
     )?;
     let mut layers = Vec::with_capacity(raw_layers.len());
     let mut tensors: Vec<RknotTensorInfo> = Vec::new();
+    let mut codes = IndexReader { src, claimed: 0 };
     let mut seen_layers = HashSet::new();
     for (li, rl) in raw_layers.into_iter().enumerate() {
         let lctx = format!("layers[{li}]");
@@ -643,7 +644,7 @@ fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed>
         )?;
         for rt in raw_tensors {
             let name = rt.name.clone().unwrap_or_else(|| "<unnamed>".into());
-            let t = build_tensor(rt, layer_pos, &manifest, layout, src, &p, raw)
+            let t = build_tensor(rt, layer_pos, &manifest, layout, &mut codes, &p, raw)
                 .map_err(|e| e.tensor(&name))?;
             tensors.push(t);
         }
@@ -1072,7 +1073,7 @@ fn build_tensor(
     layer: usize,
     manifest: &Manifest,
     layout: &Layout,
-    src: &SourceFile,
+    index: &mut IndexReader<'_>,
     p: &Parse,
     header: &[u8],
 ) -> Result<RknotTensorInfo> {
@@ -1204,9 +1205,16 @@ fn build_tensor(
     } else {
         let data = required(r.data, ctx, "data")?;
         let code = required(r.block_lengths, ctx, "block_lengths")?;
-        info.blocks = packed_blocks(&info, &data, code, layout, src)?;
+        info.blocks = packed_blocks(&info, &data, code, layout, index)?;
     }
     Ok(info)
+}
+
+/// Where version-3 tensors read their length codes from, and how many
+/// index bytes they have taken so far (at most `index_len` in all).
+struct IndexReader<'a> {
+    src: &'a SourceFile,
+    claimed: u64,
 }
 
 /// A version-3 tensor's block table: its data range checked against the
@@ -1217,7 +1225,7 @@ fn packed_blocks(
     data: &[u64],
     code: LengthCode,
     layout: &Layout,
-    src: &SourceFile,
+    index: &mut IndexReader<'_>,
 ) -> Result<BlockTable> {
     let [offset, length] = data[..] else {
         return Err(err(
@@ -1262,8 +1270,23 @@ fn packed_blocks(
         )
         .at(layout.index_offset.saturating_add(code.at)));
     }
+    // Each tensor holds its own copy of its codes: ranges that add up to
+    // more than the index (overlapping ones) would let a small file claim
+    // many times its size in memory.
+    index.claimed = add(index.claimed, packed_len, "block index total")?;
+    if index.claimed > layout.index_len {
+        return Err(err(
+            ErrorKind::OutOfBounds,
+            format!(
+                "the tensors' block_lengths so far take {} index bytes; the index has {} \
+                 (code ranges may not overlap: each tensor holds its own copy)",
+                index.claimed, layout.index_len
+            ),
+        )
+        .at(layout.index_offset.saturating_add(code.at)));
+    }
     let index_at = layout.index_offset + code.at;
-    let packed = src.read_vec(index_at, packed_len, "block index")?;
+    let packed = index.src.read_vec(index_at, packed_len, "block index")?;
     let grid = &info.grid;
     let (rt, ct) = (grid.row_tiles(), grid.col_tiles());
     // A block of each tile size: interior, right edge, bottom edge, corner.
