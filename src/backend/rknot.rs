@@ -8,7 +8,7 @@ use crate::backend::{
 };
 use crate::error::{ErrorKind, Result};
 use crate::format::FileFormat;
-use crate::format::rknot::{BlockMode, Manifest, RknotFile, RknotTensorInfo, decode_block};
+use crate::format::rknot::{BlockMode, Manifest, RknotFile, RknotTensorInfo, decode_block_rows};
 use crate::names::TensorName;
 use crate::source::SourceFile;
 
@@ -117,18 +117,25 @@ impl RknotBackend {
         &self.file.layers[t.layer].manifest
     }
 
-    /// Decode block `b` of tensor `t` into `tile_buf`.
-    fn decode(&self, t: &RknotTensorInfo, b: u64, tile_buf: &mut Vec<f32>) -> Result<()> {
+    /// Decode rows `rows` (relative to the tile) of block `b` of tensor `t`
+    /// into `tile_buf`.
+    fn decode(
+        &self,
+        t: &RknotTensorInfo,
+        b: u64,
+        rows: std::ops::Range<u64>,
+        tile_buf: &mut Vec<f32>,
+    ) -> Result<()> {
         let tile = t.grid.tile(b);
         let (off, len) = t.blocks.get(b).ok_or_else(|| {
             crate::Error::new(ErrorKind::OutOfBounds, format!("block {b}: no such block"))
                 .tensor(&t.name)
                 .path(self.src.path())
         })?;
-        tile_buf.resize((tile.rows * tile.cols) as usize, 0.0);
+        tile_buf.resize(((rows.end - rows.start) * tile.cols) as usize, 0.0);
         scratch::with_bytes(len as usize, |raw| {
             self.src.read_at(off, raw).map_err(|e| e.tensor(&t.name))?;
-            decode_block(t, &tile, raw, tile_buf).map_err(|e| {
+            decode_block_rows(t, &tile, raw, rows, tile_buf).map_err(|e| {
                 crate::Error::new(e.kind(), format!("block {b}: {}", e.message()))
                     .tensor(&t.name)
                     .path(self.src.path())
@@ -183,6 +190,14 @@ impl Backend for RknotBackend {
         let g = t.grid;
         let end = first_elem + out.len() as u64;
         let (row0, row1) = (first_elem / t.d_in, end.div_ceil(t.d_in));
+        // The compact rows this read touches: tiles are decoded only over
+        // them (a tile may be far taller than a read).
+        let (p_lo, p_hi) = if t.restrict_rows {
+            (m.lower_bound(row0) as u64, m.lower_bound(row1) as u64)
+        } else {
+            (row0, row1)
+        };
+        let mut band_r0 = 0;
         // Decoded tiles of the current row tile, by column tile.
         let mut cached_rt = u64::MAX;
         let mut tiles: Vec<Option<Vec<f32>>> = Vec::new();
@@ -213,6 +228,7 @@ impl Backend for RknotBackend {
             let rt = p / g.block_rows;
             if rt != cached_rt {
                 cached_rt = rt;
+                band_r0 = p_lo.max(rt * g.block_rows);
                 spare.extend(tiles.drain(..).flatten());
                 tiles.resize(g.col_tiles() as usize, None);
             }
@@ -222,14 +238,17 @@ impl Backend for RknotBackend {
                 let slot = &mut tiles[ct as usize];
                 if slot.is_none() {
                     let mut buf = spare.pop().unwrap_or_default();
-                    self.decode(t, b, &mut buf)?;
+                    let tile = g.tile(b);
+                    let r1 = p_hi.min(tile.row0 + tile.rows);
+                    let rows = band_r0 - tile.row0..r1 - tile.row0;
+                    self.decode(t, b, rows, &mut buf)?;
                     *slot = Some(buf);
                 }
                 let Some(tile_vals) = slot.as_ref() else {
                     continue;
                 };
                 let tile = g.tile(b);
-                let tr = (p - tile.row0) as usize;
+                let tr = (p - band_r0) as usize;
                 let lo = q0.max(tile.col0);
                 let hi = q1.min(tile.col0 + tile.cols);
                 let src_row = &tile_vals[tr * tile.cols as usize..][..tile.cols as usize];

@@ -1659,11 +1659,33 @@ fn block_parts<'a>(t: &RknotTensorInfo, tile: &Tile, bytes: &'a [u8]) -> Result<
 /// Decode one block (`bytes` = its payload) into `out`, the tile's values in
 /// row-major order (`tile.rows * tile.cols` entries).
 pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f32]) -> Result<()> {
-    let n = (tile.rows * tile.cols) as usize;
+    decode_block_rows(t, tile, bytes, 0..tile.rows, out)
+}
+
+/// Decode rows `rows` (relative to the tile) of one block into `out`
+/// (`rows.len() * tile.cols` entries, row-major). The codes of a row start
+/// at a bit offset computed from the widths, so a read of a few rows of a
+/// tall tile (the faithful profile's 256 x 1 column segments) decodes only
+/// those rows.
+pub fn decode_block_rows(
+    t: &RknotTensorInfo,
+    tile: &Tile,
+    bytes: &[u8],
+    rows: std::ops::Range<u64>,
+    out: &mut [f32],
+) -> Result<()> {
+    if rows.start > rows.end || rows.end > tile.rows {
+        return Err(err(
+            ErrorKind::Range,
+            format!("rows {rows:?} of a tile of {} rows", tile.rows),
+        ));
+    }
+    let cols = tile.cols as usize;
+    let n = (rows.end - rows.start) as usize * cols;
     if out.len() != n {
         return Err(err(
             ErrorKind::LengthMismatch,
-            format!("buffer of {} values for a tile of {n}", out.len()),
+            format!("buffer of {} values for {n} values of a tile", out.len()),
         ));
     }
     let BlockParts {
@@ -1671,14 +1693,35 @@ pub fn decode_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8], out: &mut [f
         table,
         codes,
     } = block_parts(t, tile, bytes)?;
+    let r0 = rows.start;
     match t.mode {
-        BlockMode::Uniform => unpack_uniform(codes, t.bits, scale, out),
+        BlockMode::Uniform => {
+            let skip = r0 * tile.cols * u64::from(t.bits);
+            if skip.is_multiple_of(8) {
+                let from = usize::try_from(skip / 8).unwrap_or(usize::MAX);
+                unpack_uniform(codes.get(from..).unwrap_or(&[]), t.bits, scale, out);
+            } else {
+                let mut reader = BitReader::at(codes, skip);
+                let offset = 1i32 << (t.bits - 1);
+                for v in out.iter_mut() {
+                    *v = (reader.read(t.bits) as i32 - offset) as f32 * scale;
+                }
+            }
+        }
         BlockMode::Graded => {
-            let mut reader = BitReader::new(codes);
-            let cols = tile.cols as usize;
+            // Bits before row r0: whole lines (rows) of their widths, or
+            // r0 rows of one code per coded column.
+            let skip: u64 = match t.line_axis {
+                Axis::Rows => table[..r0 as usize]
+                    .iter()
+                    .map(|&w| u64::from(w) * tile.cols)
+                    .sum(),
+                Axis::Cols => r0 * table.iter().map(|&w| u64::from(w)).sum::<u64>(),
+            };
+            let mut reader = BitReader::at(codes, skip);
             for (idx, v) in out.iter_mut().enumerate() {
                 let line = match t.line_axis {
-                    Axis::Rows => idx / cols,
+                    Axis::Rows => r0 as usize + idx / cols,
                     Axis::Cols => idx % cols,
                 };
                 let w = table[line];
@@ -1785,6 +1828,14 @@ impl<'a> BitReader<'a> {
             acc: 0,
             have: 0,
         }
+    }
+
+    /// A reader positioned `bit` bits into `data` (past the end: reads 0).
+    fn at(data: &'a [u8], bit: u64) -> Self {
+        let byte = usize::try_from(bit / 8).unwrap_or(usize::MAX);
+        let mut r = BitReader::new(data.get(byte..).unwrap_or(&[]));
+        r.read((bit % 8) as u8);
+        r
     }
 
     #[inline]
@@ -2296,7 +2347,8 @@ mod tests {
     /// [`check_block`] accepts and refuses what [`decode_block`] does, and
     /// counts exactly the values it would decode to NaN or infinity: every
     /// mode and line axis, scales that cannot overflow and scales that do
-    /// for some widths and codes.
+    /// for some widths and codes. [`decode_block_rows`] gives the same
+    /// values as the whole decode for every run of rows.
     #[test]
     fn check_block_counts_what_decode_block_makes_non_finite() {
         let grid = TileGrid {
@@ -2366,6 +2418,27 @@ mod tests {
                     let bytes = pack_block(coding, &tile, scale, &codes);
                     let mut out = vec![0f32; (tile.rows * tile.cols) as usize];
                     decode_block(&t, &tile, &bytes, &mut out).unwrap();
+                    // Any run of rows decodes to the same values as the
+                    // whole tile (codes that start mid-byte included).
+                    let c = tile.cols as usize;
+                    for r0 in 0..=tile.rows {
+                        for r1 in r0..=tile.rows {
+                            let mut part = vec![0f32; (r1 - r0) as usize * c];
+                            decode_block_rows(&t, &tile, &bytes, r0..r1, &mut part).unwrap();
+                            let whole = &out[r0 as usize * c..r1 as usize * c];
+                            assert!(
+                                part.iter()
+                                    .map(|v| v.to_bits())
+                                    .eq(whole.iter().map(|v| v.to_bits())),
+                                "{coding:?} block {b} rows {r0}..{r1}"
+                            );
+                        }
+                    }
+                    let mut past = vec![0f32; c];
+                    assert!(
+                        decode_block_rows(&t, &tile, &bytes, tile.rows..tile.rows + 1, &mut past)
+                            .is_err()
+                    );
                     let want = out.iter().filter(|v| !v.is_finite()).count() as u64;
                     let got = check_block(&t, &tile, &bytes).unwrap();
                     assert_eq!(got, want, "{coding:?} scale {scale:e} block {b}");
