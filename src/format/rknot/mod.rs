@@ -1719,18 +1719,27 @@ pub fn decode_block_rows(
                 Axis::Cols => r0 * table.iter().map(|&w| u64::from(w)).sum::<u64>(),
             };
             let mut reader = BitReader::at(codes, skip);
-            for (idx, v) in out.iter_mut().enumerate() {
-                let line = match t.line_axis {
-                    Axis::Rows => r0 as usize + idx / cols,
-                    Axis::Cols => idx % cols,
-                };
-                let w = table[line];
-                *v = if w == 0 {
-                    0.0
-                } else {
-                    let code = reader.read(w);
-                    (code as i32 - (1i32 << (w - 1))) as f32 * scale
-                };
+            match (t.line_axis, table) {
+                // Runs of one width: a row of a row-lined tile, or the
+                // whole of a one-column tile (the faithful profile's
+                // column segments).
+                (Axis::Rows, _) => {
+                    for (i, row) in out.chunks_mut(cols.max(1)).enumerate() {
+                        unpack_run(&mut reader, table[r0 as usize + i], scale, row);
+                    }
+                }
+                (Axis::Cols, &[w]) => unpack_run(&mut reader, w, scale, out),
+                (Axis::Cols, _) => {
+                    for (idx, v) in out.iter_mut().enumerate() {
+                        let w = table[idx % cols];
+                        *v = if w == 0 {
+                            0.0
+                        } else {
+                            let code = reader.read(w);
+                            (code as i32 - (1i32 << (w - 1))) as f32 * scale
+                        };
+                    }
+                }
             }
         }
     }
@@ -1784,6 +1793,19 @@ pub fn check_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8]) -> Result<u64
         }
     }
     Ok(bad)
+}
+
+/// Decode `out.len()` codes of width `w` (0: all zeros, no codes) from
+/// `reader`: the graded modes' inner loop, with the width's offset hoisted.
+fn unpack_run(reader: &mut BitReader<'_>, w: u8, scale: f32, out: &mut [f32]) {
+    if w == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let offset = 1i32 << (w - 1);
+    for v in out.iter_mut() {
+        *v = (reader.read(w) as i32 - offset) as f32 * scale;
+    }
 }
 
 fn unpack_uniform(codes: &[u8], bits: u8, scale: f32, out: &mut [f32]) {
