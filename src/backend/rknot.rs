@@ -118,7 +118,7 @@ impl RknotBackend {
     }
 
     /// Decode rows `rows` (relative to the tile) of block `b` of tensor `t`
-    /// into `tile_buf`.
+    /// into `tile_buf` (resized to fit).
     fn decode(
         &self,
         t: &RknotTensorInfo,
@@ -126,13 +126,25 @@ impl RknotBackend {
         rows: std::ops::Range<u64>,
         tile_buf: &mut Vec<f32>,
     ) -> Result<()> {
+        let cols = t.grid.tile(b).cols;
+        tile_buf.resize(((rows.end - rows.start) * cols) as usize, 0.0);
+        self.decode_into(t, b, rows, tile_buf)
+    }
+
+    /// [`Self::decode`] into a slice of exactly the rows' length.
+    fn decode_into(
+        &self,
+        t: &RknotTensorInfo,
+        b: u64,
+        rows: std::ops::Range<u64>,
+        tile_buf: &mut [f32],
+    ) -> Result<()> {
         let tile = t.grid.tile(b);
         let (off, len) = t.blocks.get(b).ok_or_else(|| {
             crate::Error::new(ErrorKind::OutOfBounds, format!("block {b}: no such block"))
                 .tensor(&t.name)
                 .path(self.src.path())
         })?;
-        tile_buf.resize(((rows.end - rows.start) * tile.cols) as usize, 0.0);
         scratch::with_bytes(len as usize, |raw| {
             self.src.read_at(off, raw).map_err(|e| e.tensor(&t.name))?;
             decode_block_rows(t, &tile, raw, rows, tile_buf).map_err(|e| {
@@ -142,6 +154,68 @@ impl RknotBackend {
                     .at(off)
             })
         })
+    }
+}
+
+impl RknotBackend {
+    /// `read_f32` for a tensor stored in one-column tiles (`block_cols` 1,
+    /// no restricted axis: the faithful profile's column segments), band by
+    /// band: the band's tiles decode (over the rows read) into one
+    /// column-major buffer, then each row is gathered from it. The general
+    /// path would visit a tile per served value.
+    fn read_column_segments(
+        &self,
+        t: &RknotTensorInfo,
+        first_elem: u64,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let g = t.grid;
+        let d_in = t.d_in;
+        let end = first_elem + out.len() as u64;
+        let (row0, row1) = (first_elem / d_in, end.div_ceil(d_in));
+        let mut band: Vec<f32> = Vec::new();
+        let mut row = row0;
+        while row < row1 {
+            let rt = row / g.block_rows;
+            let band_row0 = rt * g.block_rows;
+            let band_end = (band_row0 + g.block_rows).min(row1);
+            let n_rows = (band_end - row) as usize;
+            // Columns the read needs in this band: all of them unless it is
+            // a single row.
+            let (c0, c1) = if band_end - row == 1 {
+                let row_start = row * d_in;
+                (
+                    first_elem.max(row_start) - row_start,
+                    end.min(row_start + d_in) - row_start,
+                )
+            } else {
+                (0, d_in)
+            };
+            band.resize(n_rows * (c1 - c0) as usize, 0.0);
+            for (c, col) in (c0..c1).zip(band.chunks_mut(n_rows)) {
+                let b = g.block_index(rt, c);
+                self.decode_into(t, b, row - band_row0..band_end - band_row0, col)?;
+            }
+            // Transpose in groups of rows, so each column's values for the
+            // group come from one or two cache lines of the band.
+            const GROUP: u64 = 16;
+            let mut g0 = row;
+            while g0 < band_end {
+                let g1 = (g0 + GROUP).min(band_end);
+                for j in c0..c1 {
+                    let col = &band[(j - c0) as usize * n_rows..][..n_rows];
+                    for r in g0..g1 {
+                        let at = r * d_in + j;
+                        if at >= first_elem && at < end {
+                            out[(at - first_elem) as usize] = col[(r - row) as usize];
+                        }
+                    }
+                }
+                g0 = g1;
+            }
+            row = band_end;
+        }
+        Ok(())
     }
 }
 
@@ -186,8 +260,11 @@ impl Backend for RknotBackend {
         if out.is_empty() {
             return Ok(());
         }
-        let m = self.manifest(t);
         let g = t.grid;
+        if g.block_cols == 1 && !t.restrict_rows && !t.restrict_cols {
+            return self.read_column_segments(t, first_elem, out);
+        }
+        let m = self.manifest(t);
         let end = first_elem + out.len() as u64;
         let (row0, row1) = (first_elem / t.d_in, end.div_ceil(t.d_in));
         // The compact rows this read touches: tiles are decoded only over
