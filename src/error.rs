@@ -60,6 +60,9 @@ pub enum ErrorKind {
     /// in place, truncated, touched): its data may have moved, so nothing
     /// more is read from it. ESTALE at the filesystem.
     Changed,
+    /// Stored bytes disagree with the checksum or digest recorded for them
+    /// (in the file, or in a manifest): damaged or tampered, never served.
+    Checksum,
 }
 
 /// The error type. Build with [`Error::new`] and the `path`/`tensor`/`at`

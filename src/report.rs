@@ -628,6 +628,9 @@ mod tests {
             out.fill(0.0);
             Ok(())
         }
+        fn stored_ranges(&self, _: usize) -> Option<crate::backend::StoredRanges<'_>> {
+            None
+        }
     }
 
     fn array(elem: MetaType, values: Vec<MetaValue>) -> MetaValue {

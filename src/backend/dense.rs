@@ -218,6 +218,15 @@ impl Backend for DenseBackend {
         &self.table
     }
 
+    fn stored_ranges(&self, index: usize) -> Option<super::StoredRanges<'_>> {
+        let (info, ext) = (self.table.info(index)?, self.extents.get(index)?);
+        Some(super::StoredRanges::one(
+            &self.src,
+            ext.offset,
+            info.stored_bytes,
+        ))
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
         read_ggml_f32(&self.src, info, ext.ty, ext.offset, first_elem, out)

@@ -148,6 +148,14 @@ impl Backend for LayeredBackend {
         self.fallback.clone()
     }
 
+    fn stored_ranges(&self, index: usize) -> Option<super::StoredRanges<'_>> {
+        match self.routes.get(index)? {
+            Route::Primary(i) => self.primary.stored_ranges(*i),
+            Route::Fallback(i) => self.fallback.as_ref()?.stored_ranges(*i),
+            Route::Nowhere => None,
+        }
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         match self.routes.get(index) {
             Some(Route::Primary(i)) => self.primary.read_f32(*i, first_elem, out),

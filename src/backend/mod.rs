@@ -214,6 +214,47 @@ pub trait Backend: Send + Sync {
     fn as_dense(&self) -> Option<&DenseBackend> {
         None
     }
+
+    /// Where tensor `index`'s stored bytes are: every byte its decode can
+    /// read, in the order the format lists them (what a manifest digests).
+    /// None for an index the backend does not have, or a tensor listed
+    /// without bytes of its own (an unavailable vocabulary placeholder).
+    fn stored_ranges(&self, index: usize) -> Option<StoredRanges<'_>>;
+}
+
+/// A tensor's stored bytes in its source file: absolute byte ranges, in
+/// format order, adjacent ranges merged.
+#[derive(Debug, Clone)]
+pub struct StoredRanges<'a> {
+    pub file: &'a SourceFile,
+    pub ranges: Vec<std::ops::Range<u64>>,
+}
+
+impl<'a> StoredRanges<'a> {
+    /// One contiguous range `[offset, offset + length)`.
+    pub fn one(file: &'a SourceFile, offset: u64, length: u64) -> Self {
+        StoredRanges {
+            file,
+            ranges: std::iter::once(offset..offset + length).collect(),
+        }
+    }
+
+    /// From ranges in order, merging each into the previous one where they
+    /// touch.
+    pub fn merged(file: &'a SourceFile, parts: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let mut ranges: Vec<std::ops::Range<u64>> = Vec::new();
+        for (offset, length) in parts {
+            match ranges.last_mut() {
+                Some(last) if last.end == offset => last.end += length,
+                _ => ranges.push(offset..offset + length),
+            }
+        }
+        StoredRanges { file, ranges }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.ranges.iter().map(|r| r.end - r.start).sum()
+    }
 }
 
 impl dyn Backend + '_ {

@@ -232,6 +232,21 @@ impl Backend for RknotBackend {
         vec![&self.src]
     }
 
+    fn stored_ranges(&self, index: usize) -> Option<super::StoredRanges<'_>> {
+        let n_compressed = self.file.tensors.len();
+        if index >= n_compressed {
+            let d = self.file.dense.get(index - n_compressed)?;
+            return Some(super::StoredRanges::one(&self.src, d.offset, d.length));
+        }
+        let t = self.file.tensors.get(index)?;
+        Some(super::StoredRanges::merged(
+            &self.src,
+            (0..t.grid.n_blocks())
+                .filter_map(|b| t.blocks.get(b))
+                .map(|(off, len)| (off, u64::from(len))),
+        ))
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let n_compressed = self.file.tensors.len();
         if index >= n_compressed {

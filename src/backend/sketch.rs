@@ -76,6 +76,11 @@ impl Backend for SketchBackend {
         vec![&self.src]
     }
 
+    fn stored_ranges(&self, index: usize) -> Option<super::StoredRanges<'_>> {
+        let s = self.sketches.get(index)?;
+        Some(super::StoredRanges::one(&self.src, s.offset, s.length))
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, s) = entry_for_read(&self.table, &self.sketches, index, first_elem, out.len())?;
         if out.is_empty() {
