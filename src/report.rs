@@ -693,6 +693,7 @@ mod tests {
         }
         Fake {
             summary: SourceSummary {
+                checked: false,
                 format: FileFormat::Gguf,
                 version: 3,
                 path,

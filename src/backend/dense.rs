@@ -7,6 +7,7 @@ use crate::backend::{
 };
 use crate::error::{ErrorKind, Result, err};
 use crate::format::FileFormat;
+use crate::format::checksum::ChunkSums;
 use crate::format::gguf::GgufFile;
 use crate::format::knot::DenseKnotFile;
 use crate::names::TensorName;
@@ -17,6 +18,8 @@ struct Extent {
     ty: GgmlType,
     /// Absolute offset of the tensor's first block.
     offset: u64,
+    /// The file's CRC-32s of the tensor's bytes, verified on every read.
+    sums: Option<ChunkSums>,
 }
 
 pub struct DenseBackend {
@@ -36,8 +39,10 @@ impl DenseBackend {
             ty: t.ty,
             bytes: t.n_bytes,
             offset: t.offset,
+            sums: None,
         });
         let summary = SourceSummary {
+            checked: false,
             format: FileFormat::Gguf,
             version: g.version,
             path: src.path().to_path_buf(),
@@ -58,8 +63,10 @@ impl DenseBackend {
             ty: t.ty,
             bytes: t.length,
             offset: t.offset,
+            sums: t.sums.clone(),
         });
         let summary = SourceSummary {
+            checked: k.checked,
             format: FileFormat::DenseKnot,
             version: 1,
             path: src.path().to_path_buf(),
@@ -97,6 +104,7 @@ impl DenseBackend {
             extents.push(Extent {
                 ty: t.ty,
                 offset: t.offset,
+                sums: t.sums,
             });
         }
         Ok(DenseBackend {
@@ -133,21 +141,43 @@ impl DenseBackend {
             .tensor(&info.name.dot));
         }
         // Inside the tensor's byte range, validated against the file at open.
-        self.src
-            .read_at(ext.offset + offset, buf)
-            .map_err(|e| e.tensor(&info.name.dot))
+        read_stored_bytes(
+            &self.src,
+            ext.offset,
+            ext.sums.as_ref(),
+            offset,
+            buf,
+            &info.name.dot,
+        )
+    }
+}
+
+/// Bytes `[rel, rel + buf.len())` of a tensor whose stored bytes start at
+/// absolute `base` of `src`: verified against the file's CRC-32s when it
+/// has them (whole chunks are read), else read as they are.
+pub(crate) fn read_stored_bytes(
+    src: &SourceFile,
+    base: u64,
+    sums: Option<&ChunkSums>,
+    rel: u64,
+    buf: &mut [u8],
+    tensor: &str,
+) -> Result<()> {
+    match sums {
+        Some(s) => s.read_verified(src, base, rel, buf, tensor),
+        None => src.read_at(base + rel, buf).map_err(|e| e.tensor(tensor)),
     }
 }
 
 /// Decode elements `[first_elem, first_elem + out.len())` of a tensor stored
 /// as ggml blocks of type `ty` from absolute offset `offset` of `src` (a
 /// range checked against the tensor by the caller, the tensor's bytes
-/// against the file at open): only the blocks the range touches are read.
+/// against the file at open): only the blocks the range touches are read
+/// (whole checksum chunks, when the file has `sums`).
 pub(crate) fn read_ggml_f32(
     src: &SourceFile,
     info: &TensorInfo,
-    ty: GgmlType,
-    offset: u64,
+    (ty, offset, sums): (GgmlType, u64, Option<&ChunkSums>),
     first_elem: u64,
     out: &mut [f32],
 ) -> Result<()> {
@@ -167,8 +197,7 @@ pub(crate) fn read_ggml_f32(
             .at(off)
     };
     scratch::with_bytes(((b1 - b0) * bb) as usize, |raw| {
-        src.read_at(off, raw)
-            .map_err(|e| e.tensor(&info.name.dot))?;
+        read_stored_bytes(src, offset, sums, b0 * bb, raw, &info.name.dot)?;
         if b0 * be == first_elem && b1 * be == end {
             quant::dequantize(ty, raw, out).map_err(kernel_err)
         } else {
@@ -191,6 +220,7 @@ struct StoredTensor<'a> {
     bytes: u64,
     /// Absolute offset of the first block.
     offset: u64,
+    sums: Option<ChunkSums>,
 }
 
 pub(crate) fn availability(ty: GgmlType) -> Availability {
@@ -229,7 +259,13 @@ impl Backend for DenseBackend {
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
-        read_ggml_f32(&self.src, info, ext.ty, ext.offset, first_elem, out)
+        read_ggml_f32(
+            &self.src,
+            info,
+            (ext.ty, ext.offset, ext.sums.as_ref()),
+            first_elem,
+            out,
+        )
     }
 }
 

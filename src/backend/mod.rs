@@ -178,6 +178,9 @@ pub struct SourceSummary {
     pub metadata: Metadata,
     /// Format-specific one-liners for `inspect` (topology, layers, ...).
     pub notes: Vec<String>,
+    /// The file carries checksums of every stored byte (docs/FORMAT.md
+    /// section 12), verified as they are read; false: "unchecked".
+    pub checked: bool,
 }
 
 /// A set of named tensors whose element ranges decode to f32.

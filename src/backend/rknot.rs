@@ -1,7 +1,6 @@
 //! .rknot backend: scatter decoded tiles of the compact matrix into served
 //! rows; everything off the standing indices is exactly 0.0.
 
-use crate::backend::scratch;
 use crate::backend::{
     Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
     entry_for_read, origin,
@@ -71,6 +70,7 @@ impl RknotBackend {
             .filter(|t| t.mode == BlockMode::Graded)
             .count();
         let summary = SourceSummary {
+            checked: file.layout.ksum.is_some(),
             format: FileFormat::Rknot,
             version: u32::from(file.layout.version),
             path: src.path().to_path_buf(),
@@ -121,39 +121,104 @@ impl RknotBackend {
     /// into `tile_buf` (resized to fit).
     fn decode(
         &self,
-        t: &RknotTensorInfo,
+        bytes: &mut BlockBytes<'_>,
         b: u64,
         rows: std::ops::Range<u64>,
         tile_buf: &mut Vec<f32>,
     ) -> Result<()> {
-        let cols = t.grid.tile(b).cols;
+        let cols = bytes.t.grid.tile(b).cols;
         tile_buf.resize(((rows.end - rows.start) * cols) as usize, 0.0);
-        self.decode_into(t, b, rows, tile_buf)
+        self.decode_into(bytes, b, rows, tile_buf)
     }
 
     /// [`Self::decode`] into a slice of exactly the rows' length.
     fn decode_into(
         &self,
-        t: &RknotTensorInfo,
+        bytes: &mut BlockBytes<'_>,
         b: u64,
         rows: std::ops::Range<u64>,
         tile_buf: &mut [f32],
     ) -> Result<()> {
+        let t = bytes.t;
         let tile = t.grid.tile(b);
-        let (off, len) = t.blocks.get(b).ok_or_else(|| {
-            crate::Error::new(ErrorKind::OutOfBounds, format!("block {b}: no such block"))
+        let (off, raw) = bytes.block(&self.src, b)?;
+        decode_block_rows(t, &tile, raw, rows, tile_buf).map_err(|e| {
+            crate::Error::new(e.kind(), format!("block {b}: {}", e.message()))
                 .tensor(&t.name)
                 .path(self.src.path())
-        })?;
-        scratch::with_bytes(len as usize, |raw| {
-            self.src.read_at(off, raw).map_err(|e| e.tensor(&t.name))?;
-            decode_block_rows(t, &tile, raw, rows, tile_buf).map_err(|e| {
-                crate::Error::new(e.kind(), format!("block {b}: {}", e.message()))
-                    .tensor(&t.name)
-                    .path(self.src.path())
-                    .at(off)
-            })
+                .at(off)
         })
+    }
+}
+
+/// The stored bytes of one tensor's blocks for one read: each block read
+/// alone, or in a file with checksums its whole group, verified, and kept
+/// while the next blocks the read decodes fall in it (a read visits a row
+/// of tiles in block order, so each group is read and verified once).
+struct BlockBytes<'a> {
+    t: &'a RknotTensorInfo,
+    buf: Vec<u8>,
+    /// The group held in `buf` and its absolute offset.
+    held: Option<(u64, u64)>,
+}
+
+impl<'a> BlockBytes<'a> {
+    fn new(t: &'a RknotTensorInfo) -> Self {
+        BlockBytes {
+            t,
+            buf: Vec::new(),
+            held: None,
+        }
+    }
+
+    /// Absolute offset and stored bytes of block `b`.
+    fn block(&mut self, src: &SourceFile, b: u64) -> Result<(u64, &[u8])> {
+        let t = self.t;
+        let no_block = || {
+            crate::Error::new(ErrorKind::OutOfBounds, format!("block {b}: no such block"))
+                .tensor(&t.name)
+                .path(src.path())
+        };
+        let (off, len) = t.blocks.get(b).ok_or_else(no_block)?;
+        let Some(sums) = &t.sums else {
+            self.buf.resize(len as usize, 0);
+            src.read_at(off, &mut self.buf)
+                .map_err(|e| e.tensor(&t.name))?;
+            return Ok((off, &self.buf));
+        };
+        let g = b / sums.group;
+        let start = match self.held {
+            Some((held, start)) if held == g => start,
+            _ => {
+                self.held = None;
+                let n = t.grid.n_blocks();
+                let g0 = g * sums.group;
+                let g1 = n.min(g0 + sums.group);
+                // Checked at open: the group's blocks are back to back and
+                // at most MAX_GROUP_BYTES long.
+                let (start, glen) = t.blocks.span(g0, g1).ok_or_else(no_block)?;
+                self.buf.resize(glen as usize, 0);
+                src.read_at(start, &mut self.buf)
+                    .map_err(|e| e.tensor(&t.name))?;
+                if let Err((stored, actual)) = sums.check(g, &self.buf) {
+                    return Err(crate::Error::new(
+                        ErrorKind::Checksum,
+                        format!(
+                            "blocks [{g0}, {g1}) (group {g}, {glen} bytes) have CRC-32 \
+                             {actual:08x}, the file records {stored:08x}: the stored bytes are \
+                             damaged"
+                        ),
+                    )
+                    .tensor(&t.name)
+                    .path(src.path())
+                    .at(start));
+                }
+                self.held = Some((g, start));
+                start
+            }
+        };
+        let rel = (off - start) as usize;
+        Ok((off, &self.buf[rel..rel + len as usize]))
     }
 }
 
@@ -174,6 +239,7 @@ impl RknotBackend {
         let end = first_elem + out.len() as u64;
         let (row0, row1) = (first_elem / d_in, end.div_ceil(d_in));
         let mut band: Vec<f32> = Vec::new();
+        let mut bytes = BlockBytes::new(t);
         let mut row = row0;
         while row < row1 {
             let rt = row / g.block_rows;
@@ -194,7 +260,7 @@ impl RknotBackend {
             band.resize(n_rows * (c1 - c0) as usize, 0.0);
             for (c, col) in (c0..c1).zip(band.chunks_mut(n_rows)) {
                 let b = g.block_index(rt, c);
-                self.decode_into(t, b, row - band_row0..band_end - band_row0, col)?;
+                self.decode_into(&mut bytes, b, row - band_row0..band_end - band_row0, col)?;
             }
             // Transpose in groups of rows, so each column's values for the
             // group come from one or two cache lines of the band.
@@ -262,7 +328,13 @@ impl Backend for RknotBackend {
                 .info(index)
                 .ok_or_else(|| super::no_such_index(index))?;
             super::check_read(info, first_elem, out.len())?;
-            return super::dense::read_ggml_f32(&self.src, info, d.ty, d.offset, first_elem, out);
+            return super::dense::read_ggml_f32(
+                &self.src,
+                info,
+                (d.ty, d.offset, d.sums.as_ref()),
+                first_elem,
+                out,
+            );
         }
         let (_, t) = entry_for_read(
             &self.table,
@@ -296,6 +368,7 @@ impl Backend for RknotBackend {
         // Buffers of tiles already used, reused for the next row tile's
         // decodes (a tile is up to 256 KiB: a fresh one is an mmap).
         let mut spare: Vec<Vec<f32>> = Vec::new();
+        let mut bytes = BlockBytes::new(t);
         for row in row0..row1 {
             let p = if t.restrict_rows {
                 match m.position(row) {
@@ -333,7 +406,7 @@ impl Backend for RknotBackend {
                     let tile = g.tile(b);
                     let r1 = p_hi.min(tile.row0 + tile.rows);
                     let rows = band_r0 - tile.row0..r1 - tile.row0;
-                    self.decode(t, b, rows, &mut buf)?;
+                    self.decode(&mut bytes, b, rows, &mut buf)?;
                     *slot = Some(buf);
                 }
                 let Some(tile_vals) = slot.as_ref() else {

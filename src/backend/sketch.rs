@@ -48,6 +48,7 @@ impl SketchBackend {
             notes.push(format!("topology {t}"));
         }
         let summary = SourceSummary {
+            checked: f.checked,
             format: FileFormat::Sk32,
             version: 1,
             path: src.path().to_path_buf(),
@@ -86,7 +87,6 @@ impl Backend for SketchBackend {
         if out.is_empty() {
             return Ok(());
         }
-        let tensor_err = |e: crate::Error| e.tensor(&info.name.dot);
         // All sizes below are bounded by the sketch length validated at open.
         let rank = s.rank as usize;
         let d_in = s.d_in;
@@ -119,14 +119,23 @@ impl Backend for SketchBackend {
         scratch::with_bytes(u_len + rank + v_len, |bytes| {
             let (u, rest) = bytes.split_at_mut(u_len);
             let (sig, v) = rest.split_at_mut(rank);
-            self.src
-                .read_at(s.u_offset() + row0 * s.rank, u)
-                .map_err(tensor_err)?;
-            self.src
-                .read_at(s.sigma_offset(), sig)
-                .map_err(tensor_err)?;
+            // Offsets relative to the sketch, read through its checksums
+            // when the file has them.
+            let read = |rel: u64, buf: &mut [u8]| {
+                super::dense::read_stored_bytes(
+                    &self.src,
+                    s.offset,
+                    s.sums.as_ref(),
+                    rel,
+                    buf,
+                    &info.name.dot,
+                )
+            };
+            let (sigma_rel, v_rel) = (s.sigma_offset() - s.offset, s.v_offset() - s.offset);
+            read(row0 * s.rank, u)?;
+            read(sigma_rel, sig)?;
             if v_whole {
-                self.src.read_at(s.v_offset(), v).map_err(tensor_err)?;
+                read(v_rel, v)?;
             }
             // W[i, j] = sum_r U[i,r] σ[r] Vᵀ[r,j], with Vᵀ[r,j] = (v - 128) · v_max/127:
             // fold U·σ·v_max/127 into one coefficient per (row, r) so the
@@ -151,9 +160,7 @@ impl Backend for SketchBackend {
                     } else {
                         let part = &mut v[..rank * width];
                         for (r, dst) in part.chunks_exact_mut(width).enumerate() {
-                            self.src
-                                .read_at(s.v_offset() + r as u64 * d_in + lo, dst)
-                                .map_err(tensor_err)?;
+                            read(v_rel + r as u64 * d_in + lo, dst)?;
                         }
                         (&v[..rank * width], width, 0)
                     };

@@ -3,8 +3,6 @@
 //! pieces from the dense backend's open file (for a `ctl` job, the file the
 //! mount serves, whatever its path names now); nothing is decoded.
 
-use std::io::Write;
-
 use crate::backend::{Backend, StoredType};
 use crate::encode::Progress;
 use crate::encode::output::{AtomicOutput, OutputTarget};
@@ -50,9 +48,12 @@ pub fn encode_knot(gguf: &dyn Backend, out: &OutputTarget, progress: &Progress) 
             }
         }
     }
-    progress.start(entries.len() as u64);
+    // Each tensor is read twice: once for its checksums (the header that
+    // holds them comes first), once to copy it.
+    progress.start(2 * entries.len() as u64);
     let mut o = AtomicOutput::create(out)?;
     let mut buf = vec![0u8; COPY_PIECE as usize];
+    let mut copied = 0u64;
     write_knot_with(&mut o, &dense.summary().metadata, &layout, |i, w| {
         progress.check()?;
         let t = &entries[i];
@@ -64,9 +65,10 @@ pub fn encode_knot(gguf: &dyn Backend, out: &OutputTarget, progress: &Progress) 
                 .map_err(|e| err(ErrorKind::Io, format!("write: {e}")).path(&out.path))?;
             done += n as u64;
         }
+        copied += t.stored_bytes;
         progress
             .bytes_written
-            .store(w.bytes_written(), std::sync::atomic::Ordering::Relaxed);
+            .store(copied / 2, std::sync::atomic::Ordering::Relaxed);
         progress.tick(&t.name.dot);
         Ok(())
     })?;

@@ -14,6 +14,7 @@ use serde::de::{self, MapAccess};
 use serde_json::Value;
 
 use crate::error::{Error, ErrorKind, Result, add, err};
+use crate::format::checksum;
 use crate::format::json::{
     Entries, Field, ObjectOf, OptStr, Parse, Seed, is_object, skip_value, span_of,
 };
@@ -47,6 +48,11 @@ pub struct KnotContainer {
     pub meta: KnotMeta,
     /// Absolute file offset that every payload offset is relative to.
     pub payload_base: u64,
+    /// The KSUM record's CRC-32 (already checked against the header bytes)
+    /// when the file is checked: then every entry must carry `crc32`.
+    pub ksum: Option<u32>,
+    /// Where the payload ends: the file's end, or the KSUM record's start.
+    pub data_end: u64,
 }
 
 /// One member of the meta object: where its value lies in `meta_json`.
@@ -321,6 +327,21 @@ pub fn read_container(src: &SourceFile) -> Result<KnotContainer> {
         .path(path)
         .at(6));
     }
+    // meta_len <= MAX_META_LEN, so none of this overflows.
+    let payload_base = ((meta_end + 3) & !3) + 1;
+    // A checked file ends in a KSUM record over everything before the
+    // payload: checked before the meta is parsed, so a damaged header is
+    // reported as damaged rather than as whatever the damage parses to.
+    let mut data_end = src.len();
+    let mut ksum = None;
+    if src.len() >= payload_base + checksum::KSUM_LEN {
+        let at = src.len() - checksum::KSUM_LEN;
+        if let Some(crc) = checksum::read_ksum(src, at)? {
+            checksum::check_ksum(src, crc, &[(0, payload_base)], at)?;
+            ksum = Some(crc);
+            data_end = at;
+        }
+    }
     let meta_json = src.read_vec(KNOT_PREFIX_LEN, meta_len, "meta_json")?;
     let meta =
         parse_meta_root(&meta_json, KNOT_PREFIX_LEN, "meta_json").map_err(|e| e.path(path))?;
@@ -356,7 +377,37 @@ pub fn read_container(src: &SourceFile) -> Result<KnotContainer> {
         meta_json,
         meta,
         payload_base: codec_at + 1,
+        ksum,
+        data_end,
     })
+}
+
+impl KnotContainer {
+    /// Payload range `[payload_base + offset, ... + length)` as an absolute
+    /// offset, checked against the file and, in a checked file, kept off
+    /// the KSUM record.
+    pub fn payload_range(
+        &self,
+        src: &SourceFile,
+        offset: u64,
+        length: u64,
+        what: &str,
+    ) -> Result<u64> {
+        let abs = payload_range(src, self.payload_base, offset, length, what)?;
+        if abs + length > self.data_end {
+            return Err(err(
+                ErrorKind::OutOfBounds,
+                format!(
+                    "{what} [{abs}, {}) runs into the KSUM record at {}",
+                    abs + length,
+                    self.data_end
+                ),
+            )
+            .path(src.path())
+            .at(abs));
+        }
+        Ok(abs)
+    }
 }
 
 /// Payload range `[base + offset, base + offset + length)` as absolute
@@ -377,6 +428,12 @@ pub fn payload_range(
 /// payload after it. Returns the number of header bytes written
 /// (= payload_base).
 pub fn write_container_header<W: Write>(w: &mut W, meta: &Value) -> Result<u64> {
+    write_container_header_crc(w, meta).map(|(base, _)| base)
+}
+
+/// [`write_container_header`], also returning the CRC-32 of the header
+/// bytes written (what a KSUM record after the payload holds).
+pub fn write_container_header_crc<W: Write>(w: &mut W, meta: &Value) -> Result<(u64, u32)> {
     let json = serde_json::to_vec(meta)
         .map_err(|e| err(ErrorKind::BadJson, format!("cannot serialize meta: {e}")))?;
     let meta_len = u32::try_from(json.len())
@@ -390,14 +447,16 @@ pub fn write_container_header<W: Write>(w: &mut W, meta: &Value) -> Result<u64> 
         })?;
     let codec_at = codec_offset(u64::from(meta_len)).unwrap_or(u64::MAX);
     let pad = (codec_at - KNOT_PREFIX_LEN - u64::from(meta_len)) as usize;
-    let io = |e| Error::new(ErrorKind::Io, format!("write: {e}"));
-    w.write_all(KNOT_MAGIC).map_err(io)?;
-    w.write_all(&KNOT_VERSION.to_le_bytes()).map_err(io)?;
-    w.write_all(&meta_len.to_le_bytes()).map_err(io)?;
-    w.write_all(&json).map_err(io)?;
-    w.write_all(&[0u8; 3][..pad]).map_err(io)?;
-    w.write_all(&[CODEC_RAW]).map_err(io)?;
-    Ok(codec_at + 1)
+    let mut head = Vec::with_capacity(json.len() + 14);
+    head.extend_from_slice(KNOT_MAGIC);
+    head.extend_from_slice(&KNOT_VERSION.to_le_bytes());
+    head.extend_from_slice(&meta_len.to_le_bytes());
+    head.extend_from_slice(&json);
+    head.extend_from_slice(&[0u8; 3][..pad]);
+    head.push(CODEC_RAW);
+    w.write_all(&head)
+        .map_err(|e| Error::new(ErrorKind::Io, format!("write: {e}")))?;
+    Ok((codec_at + 1, checksum::crc32(&head)))
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use serde::de::MapAccess;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, product};
+use crate::format::checksum::{self, ChunkHasher, ChunkSums};
 use crate::format::container::{self, KnotContainer, TableEntry};
 use crate::format::json::{Field, MaxLen, Seed, U64Array, required, skip_value};
 use crate::format::meta::{Metadata, parse_metadata_at};
@@ -38,12 +39,16 @@ pub struct KnotTensorInfo {
     /// Absolute file offset.
     pub offset: u64,
     pub length: u64,
+    /// CRC-32 per chunk of the stored bytes, in a checked file.
+    pub sums: Option<ChunkSums>,
 }
 
 #[derive(Debug, Clone)]
 pub struct DenseKnotFile {
     pub metadata: Metadata,
     pub payload_base: u64,
+    /// The file carries checksums (a KSUM record and one `crc32` per tensor).
+    pub checked: bool,
     /// Sorted by offset.
     pub tensors: Vec<KnotTensorInfo>,
 }
@@ -96,6 +101,7 @@ pub struct RawTensor {
     shape: Option<Vec<u64>>,
     offset: Option<u64>,
     length: Option<u64>,
+    crc32: Option<(u64, Vec<u64>)>,
 }
 
 /// More dims than this are refused while parsing (before they are kept).
@@ -122,6 +128,7 @@ impl TableEntry for RawTensor {
             }
             "offset" => self.offset = Some(f.read_u64(map)?),
             "length" => self.length = Some(f.read_u64(map)?),
+            "crc32" => self.crc32 = Some(checksum::read_chunk_sums(f, map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -153,8 +160,8 @@ impl DenseKnotFile {
                 .map_err(|e| e.path(path))?;
         let mut tensors = Vec::with_capacity(entries.len());
         for (name, r) in entries {
-            let located = dense_entry(&name, r, |offset, length| {
-                container::payload_range(src, c.payload_base, offset, length, "tensor")
+            let located = dense_entry(&name, r, c.ksum.is_some(), |offset, length| {
+                c.payload_range(src, offset, length, "tensor")
             });
             tensors.push(located.map_err(|e| e.tensor(&name).path(path).at(at))?);
         }
@@ -176,17 +183,20 @@ impl DenseKnotFile {
         Ok(DenseKnotFile {
             metadata,
             payload_base: c.payload_base,
+            checked: c.ksum.is_some(),
             tensors,
         })
     }
 }
 
 /// Validate one dense tensor entry: type, shape, and a length of exactly
-/// the bytes the type and shape imply; `locate(offset, length)` checks the
-/// range against the file and returns its absolute offset.
+/// the bytes the type and shape imply; `crc32` present exactly when the
+/// file is `checked`; `locate(offset, length)` checks the range against
+/// the file and returns its absolute offset.
 pub fn dense_entry(
     name: &str,
     r: RawTensor,
+    checked: bool,
     locate: impl FnOnce(u64, u64) -> Result<u64>,
 ) -> Result<KnotTensorInfo> {
     let ctx = format!("tensor {name:?}");
@@ -217,6 +227,7 @@ pub fn dense_entry(
         ));
     }
     let abs = locate(offset, length)?;
+    let sums = checksum::entry_sums(r.crc32, checked, length, "the tensor")?;
     Ok(KnotTensorInfo {
         name: name.to_string(),
         ty,
@@ -224,6 +235,7 @@ pub fn dense_entry(
         n_elements: n,
         offset: abs,
         length,
+        sums,
     })
 }
 
@@ -262,18 +274,45 @@ pub fn write_knot<W: Write>(
     })
 }
 
+/// Counts what passes through to `w`.
+struct CountingWriter<'a, W: Write> {
+    w: &'a mut W,
+    n: u64,
+}
+
+impl<W: Write> Write for CountingWriter<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.w.write(buf)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
+}
+
 /// Write a dense .knot whose tensor bytes come from `write_data(i, w)`,
-/// called once per tensor in order (it must write exactly the bytes the
-/// type and shape imply): lets a repack stream blocks from its source.
+/// called twice per tensor in order, once into a checksum pass and once
+/// into the file (it must write exactly the bytes the type and shape
+/// imply, the same both times): lets a repack stream blocks from its
+/// source. The header carries each tensor's CRC-32s and a KSUM record
+/// after the payload closes the file (docs/FORMAT.md section 12).
 pub fn write_knot_with<W: Write>(
     w: &mut W,
     metadata: &Metadata,
     tensors: &[(&str, GgmlType, &[u64])],
-    mut write_data: impl FnMut(usize, &mut W) -> Result<()>,
+    mut write_data: impl FnMut(usize, &mut dyn Write) -> Result<()>,
 ) -> Result<()> {
+    let mut sums = Vec::with_capacity(tensors.len());
+    for i in 0..tensors.len() {
+        let mut h = ChunkHasher::new(checksum::WRITE_CHUNK);
+        write_data(i, &mut h)?;
+        sums.push(h.finish());
+    }
     let mut map = Map::new();
     let mut offset = 0u64;
-    for &(stored, ty, shape) in tensors {
+    let mut lengths = Vec::with_capacity(tensors.len());
+    for (&(stored, ty, shape), sums) in tensors.iter().zip(&sums) {
         let name = names::underscore(&names::canonical(stored));
         if !KNOT_TYPES.contains(&ty) {
             return Err(err(
@@ -289,17 +328,40 @@ pub fn write_knot_with<W: Write>(
         if map.contains_key(&name) {
             return Err(err(ErrorKind::BadName, "duplicate tensor name").tensor(&name));
         }
+        lengths.push((want, sums.len == want));
         map.insert(
             name,
-            json!({"type": ty.name(), "shape": shape, "offset": offset, "length": want}),
+            json!({"type": ty.name(), "shape": shape, "offset": offset, "length": want,
+                   "crc32": sums.to_json()}),
         );
         offset = add(offset, want, "payload size")?;
     }
+    // After every name, type and shape is known good: those errors say
+    // more than a length.
+    for (i, &(want, right_len)) in lengths.iter().enumerate() {
+        if !right_len {
+            return Err(err(
+                ErrorKind::LengthMismatch,
+                format!("the data written is not the {want} bytes its type and shape need"),
+            )
+            .tensor(tensors[i].0));
+        }
+    }
     let meta =
         json!({"format": "knot", "metadata": metadata.to_json(), "tensors": Value::Object(map)});
-    container::write_container_header(w, &meta)?;
-    for i in 0..tensors.len() {
-        write_data(i, w)?;
+    let (_, header_crc) = container::write_container_header_crc(w, &meta)?;
+    for (i, &(want, _)) in lengths.iter().enumerate() {
+        let mut counted = CountingWriter { w: &mut *w, n: 0 };
+        write_data(i, &mut counted)?;
+        if counted.n != want {
+            return Err(err(
+                ErrorKind::LengthMismatch,
+                format!("{} bytes written for a tensor of {want}", counted.n),
+            )
+            .tensor(tensors[i].0));
+        }
     }
+    w.write_all(&checksum::ksum_record(header_crc))
+        .map_err(|e| err(ErrorKind::Io, format!("write: {e}")))?;
     Ok(())
 }

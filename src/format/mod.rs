@@ -11,6 +11,7 @@ use std::path::Path;
 use crate::error::{Error, ErrorKind, Result, err};
 use crate::source::SourceFile;
 
+pub mod checksum;
 pub mod container;
 pub mod gguf;
 pub mod json;

@@ -14,6 +14,7 @@ use serde::de::MapAccess;
 use serde_json::{Map, Value, json};
 
 use crate::error::{Error, ErrorKind, Result, add, err, mul};
+use crate::format::checksum::{self, ChunkHasher, ChunkSums};
 use crate::format::container::{self, KnotContainer, TableEntry};
 use crate::format::json::{Field, required, skip_value};
 use crate::source::SourceFile;
@@ -32,6 +33,8 @@ pub struct SketchInfo {
     /// Absolute file offset of `u_q8`.
     pub offset: u64,
     pub length: u64,
+    /// CRC-32 per chunk of the sketch's bytes, in a checked file.
+    pub sums: Option<ChunkSums>,
 }
 
 impl SketchInfo {
@@ -53,6 +56,8 @@ impl SketchInfo {
 pub struct Sk32File {
     pub topology: Option<String>,
     pub payload_base: u64,
+    /// The file carries checksums (a KSUM record and one `crc32` per sketch).
+    pub checked: bool,
     /// Sorted by offset.
     pub sketches: Vec<SketchInfo>,
 }
@@ -75,6 +80,7 @@ struct RawSketch {
     u_max: Option<f64>,
     sigma_max: Option<f64>,
     v_max: Option<f64>,
+    crc32: Option<(u64, Vec<u64>)>,
 }
 
 impl TableEntry for RawSketch {
@@ -92,6 +98,7 @@ impl TableEntry for RawSketch {
             "u_max" => self.u_max = Some(f.read_f64(map)?),
             "sigma_max" => self.sigma_max = Some(f.read_f64(map)?),
             "v_max" => self.v_max = Some(f.read_f64(map)?),
+            "crc32" => self.crc32 = Some(checksum::read_chunk_sums(f, map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -130,9 +137,9 @@ impl Sk32File {
             container::read_table(c, c.meta.sketches.as_ref(), "sketches", "sketch")
                 .map_err(|e| e.path(path))?;
         let mut sketches = Vec::with_capacity(entries.len());
-        for (name, r) in entries {
+        for (name, mut r) in entries {
             let ctx = format!("sketch {name:?}");
-            let parse = || -> Result<SketchInfo> {
+            let mut parse = || -> Result<SketchInfo> {
                 let d_out = required(r.d_out, &ctx, "d_out")?;
                 let d_in = required(r.d_in, &ctx, "d_in")?;
                 let rank = required(r.rank, &ctx, "rank")?;
@@ -170,7 +177,9 @@ impl Sk32File {
                         ),
                     ));
                 }
-                let abs = container::payload_range(src, c.payload_base, offset, length, "sketch")?;
+                let abs = c.payload_range(src, offset, length, "sketch")?;
+                let sums =
+                    checksum::entry_sums(r.crc32.take(), c.ksum.is_some(), length, "the sketch")?;
                 Ok(SketchInfo {
                     name: name.clone(),
                     d_out,
@@ -181,6 +190,7 @@ impl Sk32File {
                     v_max,
                     offset: abs,
                     length,
+                    sums,
                 })
             };
             sketches.push(parse().map_err(|e| e.tensor(&name).path(path).at(at))?);
@@ -203,6 +213,7 @@ impl Sk32File {
         Ok(Sk32File {
             topology,
             payload_base: c.payload_base,
+            checked: c.ksum.is_some(),
             sketches,
         })
     }
@@ -320,10 +331,16 @@ pub struct SketchHead {
     pub u_max: f32,
     pub sigma_max: f32,
     pub v_max: f32,
+    /// CRC-32s of the factor bytes (`u`, `σ`, `v`) in chunks.
+    pub sums: ChunkSums,
 }
 
 impl Sketch {
     pub fn head(&self) -> SketchHead {
+        let mut h = ChunkHasher::new(checksum::WRITE_CHUNK);
+        h.update(&self.u_q8);
+        h.update(&self.sigma_q8);
+        h.update(&self.v_q8);
         SketchHead {
             name: self.name.clone(),
             d_out: self.d_out,
@@ -332,6 +349,7 @@ impl Sketch {
             u_max: self.u_max,
             sigma_max: self.sigma_max,
             v_max: self.v_max,
+            sums: h.finish(),
         }
     }
 }
@@ -356,11 +374,15 @@ pub fn write_sk32_with<W: Write>(
                 "offset": offset, "length": length,
                 "d_out": s.d_out, "d_in": s.d_in, "rank": s.rank,
                 "u_max": s.u_max, "sigma_max": s.sigma_max, "v_max": s.v_max,
+                "crc32": s.sums.to_json(),
             }),
         );
         offset = add(offset, length, "payload size")?;
     }
     let meta = json!({"format": "sk32", "topology": topology, "sketches": Value::Object(map)});
-    container::write_container_header(w, &meta)?;
-    write_payload(w)
+    let (_, header_crc) = container::write_container_header_crc(w, &meta)?;
+    write_payload(w)?;
+    // The KSUM record closes the file (docs/FORMAT.md section 12).
+    w.write_all(&checksum::ksum_record(header_crc))
+        .map_err(|e| err(ErrorKind::Io, format!("write: {e}")))
 }

@@ -172,7 +172,9 @@ pub fn knot_raw(meta: &[u8], payload: &[u8]) -> Vec<u8> {
         v.push(0);
     }
     v.push(0);
+    let header_len = v.len();
     v.extend_from_slice(payload);
+    reseal(&mut v, &[(0, header_len)]);
     v
 }
 
@@ -193,14 +195,82 @@ pub fn knot_split(bytes: &[u8]) -> Option<(Value, Vec<u8>)> {
 pub fn knot_join(meta: &Value, payload: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
     write_container_header(&mut v, meta).expect("container header");
+    let header_len = v.len();
     v.extend_from_slice(payload);
+    reseal(&mut v, &[(0, header_len)]);
     v
+}
+
+/// A file built from parts of a checked one (its data area ends in a KSUM
+/// record, docs/FORMAT.md section 12) gets the record recomputed over its
+/// new metadata `covered`, so an edit reaches the check it is made for
+/// instead of failing the metadata checksum first. Cases about the record
+/// itself edit the bytes after joining.
+fn reseal(v: &mut [u8], covered: &[(usize, usize)]) {
+    let Some(at) = record_at(v, covered) else {
+        return;
+    };
+    let mut h = crc32fast::Hasher::new();
+    for &(start, end) in covered {
+        h.update(&v[start..end]);
+    }
+    v[at..at + 4].copy_from_slice(&h.finalize().to_le_bytes());
+}
+
+/// Where the KSUM record of a file whose metadata is `covered` (`[start,
+/// end)` pairs) is, if it has one: the 8 bytes before the covered range
+/// that starts after byte 0 (a .rknot's index), or the file's last 8 bytes
+/// (a KNOT file).
+fn record_at(v: &[u8], covered: &[(usize, usize)]) -> Option<usize> {
+    let end = match covered.iter().find(|r| r.0 > 0) {
+        Some(r) => r.0,
+        None => v.len(),
+    };
+    let at = end.checked_sub(8)?;
+    (at >= covered[0].1 && v.get(at + 4..at + 8)? == b"KSUM").then_some(at)
 }
 
 /// Edit the meta JSON (and payload) of a valid KNOT file.
 fn knot_edit(base: &[u8], f: impl FnOnce(&mut Value, &mut Vec<u8>)) -> Vec<u8> {
     let (mut meta, mut payload) = knot_split(base).expect("valid KNOT");
+    // The payload is edited without the KSUM record, which goes back at
+    // its end (and is resealed by the join).
+    let record = take_record(&mut payload);
     f(&mut meta, &mut payload);
+    payload.extend_from_slice(&record);
+    knot_join(&meta, &payload)
+}
+
+/// Remove a trailing KSUM record from `data`, returning it (empty if none).
+fn take_record(data: &mut Vec<u8>) -> Vec<u8> {
+    if data.len() >= 8 && data[data.len() - 4..] == *b"KSUM" {
+        data.split_off(data.len() - 8)
+    } else {
+        Vec::new()
+    }
+}
+
+/// Recompute the KSUM record of a KNOT file after an edit of its header
+/// bytes (the codec byte, say), so the edit reaches its own check.
+pub fn knot_reseal(v: &mut [u8]) {
+    let base = knot_codec_at(v) + 1;
+    reseal(v, &[(0, base)]);
+}
+
+/// The same KNOT file without checksums: every `crc32` field and the KSUM
+/// record removed (what writers made before checksums existed).
+pub fn knot_unchecked(bytes: &[u8]) -> Vec<u8> {
+    let (mut meta, mut payload) = knot_split(bytes).expect("valid KNOT");
+    take_record(&mut payload);
+    for table in ["sketches", "tensors"] {
+        if let Some(t) = meta.get_mut(table).and_then(Value::as_object_mut) {
+            for entry in t.values_mut() {
+                if let Some(e) = entry.as_object_mut() {
+                    e.remove("crc32");
+                }
+            }
+        }
+    }
     knot_join(&meta, &payload)
 }
 
@@ -586,11 +656,14 @@ pub fn rknot3_split(bytes: &[u8]) -> Option<(Value, Vec<u8>, Vec<u8>)> {
 pub fn rknot3_raw(header: &[u8], body: &[u8], index: &[u8]) -> Vec<u8> {
     let mut v = b"RKNOT\x03\0\0".to_vec();
     v.extend_from_slice(body);
+    let index_at = v.len();
     v.extend_from_slice(index);
     v.extend_from_slice(header);
     v.extend_from_slice(&(index.len() as u64).to_le_bytes());
     v.extend_from_slice(&(header.len() as u64).to_le_bytes());
     v.extend_from_slice(b"RKNOTEND");
+    let n = v.len();
+    reseal(&mut v, &[(0, 8), (index_at, n)]);
     v
 }
 
@@ -601,7 +674,9 @@ pub fn rknot3_join(h: &Value, body: &[u8], index: &[u8]) -> Vec<u8> {
 /// [`rknot3_base`] with its header, body and index edited by `f`.
 fn rknot3_edit(f: impl FnOnce(&mut Value, &mut Vec<u8>, &mut Vec<u8>)) -> Vec<u8> {
     let (mut h, mut body, mut index) = rknot3_split(&rknot3_base()).expect("valid rknot v3");
+    let record = take_record(&mut body);
     f(&mut h, &mut body, &mut index);
+    body.extend_from_slice(&record);
     rknot3_join(&h, &body, &index)
 }
 
@@ -901,7 +976,166 @@ pub fn build() -> Corpus {
     gguf_cases(&mut c);
     layered_cases(&mut c);
     magic_cases(&mut c);
+    checksum_cases(&mut c);
     c
+}
+
+/// docs/FORMAT.md section 12: the KSUM record and the checksum fields.
+fn checksum_cases(c: &mut Corpus) {
+    let knot = knot_base();
+    let sk32 = sk32_base();
+    let rknot = rknot3_base();
+    let flip = |v: &[u8], at: usize| {
+        let mut v = v.to_vec();
+        v[at] ^= 0x20;
+        v
+    };
+    c.case(
+        "ck_knot_meta_flipped.knot",
+        flip(&knot, 40),
+        "Checksum",
+        "the header or index is damaged",
+        "a byte of a checked dense .knot's meta JSON flipped: the KSUM record disagrees",
+    );
+    c.case(
+        "ck_knot_record_crc_flipped.knot",
+        flip(&knot, knot.len() - 6),
+        "Checksum",
+        "its KSUM record says",
+        "the KSUM record's CRC-32 itself damaged",
+    );
+    c.case(
+        "ck_knot_record_cut.knot",
+        knot[..knot.len() - 8].to_vec(),
+        "Checksum",
+        "has a checksum field but the file has no KSUM record",
+        "the KSUM record cut off: every tensor still carries crc32",
+    );
+    c.case(
+        "ck_knot_crc_missing.knot",
+        knot_edit(&knot, |m, _| {
+            m["tensors"]["output_norm_weight"]
+                .as_object_mut()
+                .unwrap()
+                .remove("crc32");
+        }),
+        "Checksum",
+        "has no checksum field",
+        "a checked file whose tensor has no crc32",
+    );
+    c.case(
+        "ck_knot_crc_count.knot",
+        knot_edit(&knot, |m, _| {
+            m["tensors"]["output_norm_weight"]["crc32"]["values"] = json!([1, 2]);
+        }),
+        "LengthMismatch",
+        "crc32 has 2 values",
+        "crc32 with more values than chunks",
+    );
+    c.case(
+        "ck_knot_crc_chunk_0.knot",
+        knot_edit(&knot, |m, _| {
+            m["tensors"]["output_norm_weight"]["crc32"]["chunk"] = json!(0);
+        }),
+        "BadValue",
+        "crc32 chunk 0",
+        "crc32 chunk 0",
+    );
+    c.case(
+        "ck_knot_crc_value_2_32.knot",
+        knot_edit(&knot, |m, _| {
+            m["tensors"]["output_norm_weight"]["crc32"]["values"] = json!([4294967296u64]);
+        }),
+        "BadValue",
+        "crc32 value 4294967296",
+        "a CRC-32 value that does not fit 32 bits",
+    );
+    c.case(
+        "ck_knot_crc_not_object.knot",
+        knot_edit(&knot, |m, _| {
+            m["tensors"]["output_norm_weight"]["crc32"] = json!([1]);
+        }),
+        "BadJson",
+        "must be a JSON object",
+        "crc32 that is not an object",
+    );
+    c.case(
+        "ck_knot_unchecked_with_crc.knot",
+        {
+            let (mut m, p) = knot_split(&knot_unchecked(&knot)).unwrap();
+            m["tensors"]["output_norm_weight"]["crc32"] = json!({"chunk": 65536, "values": [0]});
+            knot_join(&m, &p)
+        },
+        "Checksum",
+        "no KSUM record",
+        "a file without a KSUM record whose tensor carries crc32",
+    );
+    c.case(
+        "ck_sk32_trunc.sk32",
+        sk32[..sk32.len() - 5].to_vec(),
+        "Checksum",
+        "no KSUM record",
+        "a checked SK32 cut short: its KSUM record is gone",
+    );
+    c.case(
+        "ck_sk32_over_record.sk32",
+        knot_edit(&sk32, |m, _| {
+            let t = &mut m["sketches"]["blk.0.ffn_up.weight"];
+            let off = t["offset"].as_u64().unwrap();
+            t["offset"] = json!(off + 8);
+        }),
+        "OutOfBounds",
+        "runs into the KSUM record",
+        "a sketch moved over the KSUM record",
+    );
+    c.case(
+        "ck_rknot3_header_flipped.rknot",
+        flip(&rknot, rknot.len() - 40),
+        "Checksum",
+        "the header or index is damaged",
+        "a byte of a checked .rknot's header flipped",
+    );
+    c.case(
+        "ck_rknot3_crc_missing.rknot",
+        rknot3_edit(|h, _, _| {
+            h["layers"][0]["tensors"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("block_crc32");
+        }),
+        "Checksum",
+        "has no checksum field",
+        "a checked .rknot tensor without block_crc32",
+    );
+    c.case(
+        "ck_rknot3_crc_outside_index.rknot",
+        rknot3_edit(|h, _, index| {
+            h["layers"][0]["tensors"][0]["block_crc32"]["at"] = json!(index.len());
+        }),
+        "OutOfBounds",
+        "block_crc32 of",
+        "block_crc32 values past the end of the index",
+    );
+    c.case(
+        "ck_rknot3_crc_group_0.rknot",
+        rknot3_edit(|h, _, _| {
+            h["layers"][0]["tensors"][0]["block_crc32"]["group"] = json!(0);
+        }),
+        "BadValue",
+        "group 0",
+        "block_crc32 group 0",
+    );
+    c.case(
+        "ck_rknot3_record_cut.rknot",
+        {
+            let (h, mut body, index) = rknot3_split(&rknot).unwrap();
+            take_record(&mut body);
+            rknot3_join(&h, &body, &index)
+        },
+        "Checksum",
+        "no KSUM record",
+        "a checked .rknot whose KSUM record was removed",
+    );
 }
 
 fn sk32_cases(c: &mut Corpus) {
@@ -951,7 +1185,7 @@ fn sk32_cases(c: &mut Corpus) {
     );
     c.case(
         "sk32_trunc_payload.sk32",
-        base[..base.len() - 5].to_vec(),
+        knot_unchecked(&base).pipe(|u| u[..u.len() - 5].to_vec()),
         "OutOfBounds",
         "lie outside the file",
         "file ends inside the payload: the last sketch runs past EOF",
@@ -987,6 +1221,7 @@ fn sk32_cases(c: &mut Corpus) {
     );
     let mut v = base.clone();
     v[codec_at] = 1;
+    knot_reseal(&mut v);
     c.case(
         "sk32_codec_1.sk32",
         v,
@@ -996,6 +1231,7 @@ fn sk32_cases(c: &mut Corpus) {
     );
     let mut v = base.clone();
     v[codec_at] = 0xff;
+    knot_reseal(&mut v);
     c.case(
         "sk32_codec_255.sk32",
         v,
@@ -1307,6 +1543,7 @@ fn knot_cases(c: &mut Corpus) {
     );
     let mut v = base.clone();
     v[codec_at] = 2;
+    knot_reseal(&mut v);
     c.case(
         "knot_codec_2.knot",
         v,

@@ -64,6 +64,14 @@ impl BlockTable {
     pub fn first_offset(&self) -> Option<u64> {
         self.get(0).map(|(o, _)| o)
     }
+
+    /// Absolute offset and byte length of blocks `[b0, b1)` (`b0 < b1 <=
+    /// n`), which lie back to back in version 3; None otherwise.
+    pub fn span(&self, b0: u64, b1: u64) -> Option<(u64, u64)> {
+        let (start, _) = self.get(b0)?;
+        let (last, len) = self.get(b1.checked_sub(1)?)?;
+        Some((start, last.checked_add(u64::from(len))?.checked_sub(start)?))
+    }
 }
 
 /// How a version-3 tensor's block lengths are coded (its `block_lengths`
@@ -250,6 +258,11 @@ impl PackedLengths {
         }
         table.anchors = anchors.into_boxed_slice();
         Ok(table)
+    }
+
+    /// Every block has the same length.
+    pub fn uniform(&self) -> bool {
+        self.bits == 0
     }
 
     /// The `bits`-bit value of block `b`.

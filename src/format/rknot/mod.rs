@@ -36,6 +36,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::error::{ErrorKind, Result, add, err, mul};
+use crate::format::checksum::{self, GroupSums};
 use crate::format::container::{check_utf8, parse_table};
 use crate::format::json::{
     AnyFound, Entries, Expect, F32Array, Field, Found, MaxLen, ObjectOf, OptStr, Parse, Seed, Seen,
@@ -307,6 +308,8 @@ pub struct RknotTensorInfo {
     pub grid: TileGrid,
     /// Where each block is.
     pub blocks: BlockTable,
+    /// Version 3 with checksums: the CRC-32 of each group of blocks.
+    pub sums: Option<GroupSums>,
 }
 
 impl RknotTensorInfo {
@@ -369,6 +372,10 @@ pub struct Layout {
     /// Version 3's block index (0, 0 for version 2).
     pub index_offset: u64,
     pub index_len: u64,
+    /// Version 3 with checksums: the KSUM record's CRC-32, already checked
+    /// against the file's metadata. The record is the body's last 8 bytes,
+    /// which `body_len` then leaves out (no tensor may cover them).
+    pub ksum: Option<u32>,
 }
 
 /// A parsed .rknot file.
@@ -454,6 +461,7 @@ pub fn read_layout(src: &SourceFile) -> Result<Layout> {
             body_len: len - body_offset,
             index_offset: 0,
             index_len: 0,
+            ksum: None,
         });
     }
     if &magic != RKNOT_MAGIC_V3 {
@@ -524,14 +532,36 @@ pub fn read_layout(src: &SourceFile) -> Result<Layout> {
     }
     let header_offset = footer_at - header_len;
     let index_offset = header_offset - index_len;
+    let mut body_len = index_offset - RKNOT_V3_BODY_OFFSET;
+    // A checked file's body ends in a KSUM record over the prefix, index,
+    // header and footer: checked before the header is parsed, so a damaged
+    // header is reported as damaged, not as whatever the damage parses to.
+    let mut ksum = None;
+    if body_len >= checksum::KSUM_LEN {
+        let at = index_offset - checksum::KSUM_LEN;
+        if let Some(crc) = checksum::read_ksum(src, at)? {
+            checksum::check_ksum(
+                src,
+                crc,
+                &[
+                    (0, RKNOT_V3_BODY_OFFSET),
+                    (index_offset, len - index_offset),
+                ],
+                at,
+            )?;
+            ksum = Some(crc);
+            body_len -= checksum::KSUM_LEN;
+        }
+    }
     Ok(Layout {
         version: 3,
         header_offset,
         header_len,
         body_offset: RKNOT_V3_BODY_OFFSET,
-        body_len: index_offset - RKNOT_V3_BODY_OFFSET,
+        body_len,
         index_offset,
         index_len,
+        ksum,
     })
 }
 
@@ -668,7 +698,7 @@ fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed>
         for (name, r) in entries {
             let t = names::check_servable(&name)
                 .and_then(|()| {
-                    knot::dense_entry(&name, r, |offset, length| {
+                    knot::dense_entry(&name, r, layout.ksum.is_some(), |offset, length| {
                         let end = add(offset, length, "data end")?;
                         if end > layout.body_len {
                             return Err(err(
@@ -963,6 +993,8 @@ struct RawTensor<'de> {
     data: Option<Vec<u64>>,
     /// Version 3: how the block lengths are coded.
     block_lengths: Option<LengthCode>,
+    /// Version 3 with checksums: `(at, group)` of the block-group CRC-32s.
+    block_crc32: Option<(u64, u64)>,
 }
 
 struct TensorFields<'a, 'de> {
@@ -1025,6 +1057,7 @@ impl<'de> Entries<'de> for TensorFields<'_, 'de> {
                     state: LengthFields { p, seen: [None; 4] },
                 }))?);
             }
+            "block_crc32" => r.block_crc32 = Some(checksum::read_group_field(f, map)?),
             _ => skip_value(map)?,
         }
         Ok(())
@@ -1188,6 +1221,7 @@ fn build_tensor(
         line_axis,
         grid,
         blocks: BlockTable::Listed(Vec::new()),
+        sums: None,
     };
     if layout.version == 2 {
         let blocks_raw = required(r.blocks, ctx, "blocks")?;
@@ -1206,8 +1240,75 @@ fn build_tensor(
         let data = required(r.data, ctx, "data")?;
         let code = required(r.block_lengths, ctx, "block_lengths")?;
         info.blocks = packed_blocks(&info, &data, code, layout, index)?;
+        info.sums = match (r.block_crc32, layout.ksum.is_some()) {
+            (Some((at, group)), true) => Some(group_sums(&info, at, group, layout, index)?),
+            (None, false) => None,
+            (_, has) => return Err(checksum::inconsistent(has, "the tensor")),
+        };
     }
     Ok(info)
+}
+
+/// A version-3 tensor's block-group CRC-32s: `ceil(n / group)` u32 LE at
+/// index byte `at`, inside the index and counted with the length codes
+/// against it; every group at most [`checksum::MAX_GROUP_BYTES`] long, so
+/// a read holds at most that much.
+fn group_sums(
+    info: &RknotTensorInfo,
+    at: u64,
+    group: u64,
+    layout: &Layout,
+    index: &mut IndexReader<'_>,
+) -> Result<GroupSums> {
+    let n = info.grid.n_blocks();
+    let len = GroupSums::index_len(n, group)?;
+    let end = add(at, len, "block_crc32 end")?;
+    let index_at = layout.index_offset.saturating_add(at);
+    if end > layout.index_len {
+        return Err(err(
+            ErrorKind::OutOfBounds,
+            format!(
+                "block_crc32 of {n} blocks in groups of {group} needs index bytes [{at}, {end}); \
+                 the index has {} bytes",
+                layout.index_len
+            ),
+        )
+        .at(index_at));
+    }
+    index.claimed = add(index.claimed, len, "block index total")?;
+    if index.claimed > layout.index_len {
+        return Err(err(
+            ErrorKind::OutOfBounds,
+            format!(
+                "the tensors' block_lengths and block_crc32 so far take {} index bytes; the \
+                 index has {} (code ranges may not overlap: each tensor holds its own copy)",
+                index.claimed, layout.index_len
+            ),
+        )
+        .at(index_at));
+    }
+    let mut g0 = 0u64;
+    while g0 < n {
+        let g1 = n.min(g0.saturating_add(group));
+        let bytes = info.blocks.span(g0, g1).map(|(_, l)| l).unwrap_or(u64::MAX);
+        if bytes > checksum::MAX_GROUP_BYTES {
+            return Err(err(
+                ErrorKind::TooLarge,
+                format!(
+                    "block group of blocks [{g0}, {g1}) is {bytes} bytes, above the {}-byte cap",
+                    checksum::MAX_GROUP_BYTES
+                ),
+            )
+            .at(index_at));
+        }
+        // Equal-length blocks make equal groups: the first tells.
+        if matches!(&info.blocks, BlockTable::Packed(p) if p.uniform()) {
+            break;
+        }
+        g0 = g1;
+    }
+    let bytes = index.src.read_vec(index_at, len, "block_crc32")?;
+    Ok(GroupSums::from_index(group, &bytes))
 }
 
 /// Where version-3 tensors read their length codes from, and how many
@@ -2202,16 +2303,19 @@ impl<W: Write> RknotWriter<W> {
         let offset = self.body_len;
         let mut buf = vec![0u8; PIECE.min(length) as usize];
         let mut done = 0u64;
+        let mut sums = checksum::ChunkHasher::new(checksum::WRITE_CHUNK);
         while done < length {
             let piece = &mut buf[..(length - done).min(PIECE) as usize];
             fill(done, piece)?;
+            sums.update(piece);
             self.w.write_all(piece).map_err(write_err)?;
             done += piece.len() as u64;
         }
         self.body_len = add(self.body_len, length, "body size")?;
         self.dense.insert(
             name.to_string(),
-            json!({"type": ty.name(), "shape": shape, "offset": offset, "length": length}),
+            json!({"type": ty.name(), "shape": shape, "offset": offset, "length": length,
+                   "crc32": sums.finish().to_json()}),
         );
         Ok(())
     }
@@ -2236,11 +2340,13 @@ impl<W: Write> RknotWriter<W> {
         let need = spec.grid(manifest).n_blocks();
         let offset = self.body_len;
         let mut lengths: Vec<u32> = Vec::new();
+        let mut sums = checksum::GroupHasher::default();
         for b in blocks {
             let b = b.as_ref();
             let len = u32::try_from(b.len())
                 .map_err(|_| err(ErrorKind::TooLarge, format!("a block of {} bytes", b.len())))?;
             lengths.push(len);
+            sums.block(b);
             self.w.write_all(b).map_err(write_err)?;
             self.body_len = add(self.body_len, b.len() as u64, "body size")?;
         }
@@ -2254,6 +2360,9 @@ impl<W: Write> RknotWriter<W> {
         let mut code = LengthCode::for_lengths(&lengths);
         code.at = self.index.len() as u64;
         self.index.extend(code.pack(&lengths));
+        let sums = sums.finish();
+        let sums_at = self.index.len() as u64;
+        self.index.extend(sums.to_le_bytes());
         entries.push(tensor_json(
             spec,
             vec![
@@ -2262,6 +2371,7 @@ impl<W: Write> RknotWriter<W> {
                     "block_lengths",
                     json!({"at": code.at, "base": code.base, "step": code.step, "bits": code.bits}),
                 ),
+                ("block_crc32", json!({"at": sums_at, "group": sums.group})),
             ],
         ));
         Ok(())
@@ -2289,15 +2399,24 @@ impl<W: Write> RknotWriter<W> {
                 ),
             ));
         }
+        let mut footer = Vec::with_capacity(RKNOT_V3_FOOTER_LEN as usize);
+        footer.extend_from_slice(&index_len.to_le_bytes());
+        footer.extend_from_slice(&header_len.to_le_bytes());
+        footer.extend_from_slice(RKNOT_V3_END_MAGIC);
+        // The KSUM record ends the body: a CRC-32 of everything that is not
+        // body (docs/FORMAT.md section 12).
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(RKNOT_MAGIC_V3);
+        crc.update(&[0, 0]);
+        crc.update(&self.index);
+        crc.update(&header);
+        crc.update(&footer);
+        self.w
+            .write_all(&checksum::ksum_record(crc.finalize()))
+            .map_err(write_err)?;
         self.w.write_all(&self.index).map_err(write_err)?;
         self.w.write_all(&header).map_err(write_err)?;
-        self.w
-            .write_all(&index_len.to_le_bytes())
-            .map_err(write_err)?;
-        self.w
-            .write_all(&header_len.to_le_bytes())
-            .map_err(write_err)?;
-        self.w.write_all(RKNOT_V3_END_MAGIC).map_err(write_err)?;
+        self.w.write_all(&footer).map_err(write_err)?;
         self.w.flush().map_err(write_err)?;
         Ok(self.w)
     }
@@ -2423,6 +2542,7 @@ mod tests {
                 line_axis,
                 grid,
                 blocks: BlockTable::Listed(Vec::new()),
+                sums: None,
             };
             for scale in [0.5f32, -3.0, f32::MAX / 4096.0, f32::MAX / 2.0, f32::MAX] {
                 for b in 0..grid.n_blocks() {
