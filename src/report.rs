@@ -45,6 +45,7 @@ fn source_json(s: &SourceSummary, totals: &Totals) -> Value {
         "path": s.path.display().to_string(),
         "format": s.format.name(),
         "version": s.version,
+        "checked": s.checked,
         "notes": s.notes,
         "file_bytes": share.map_or(0, |f| f.bytes),
         "parameters": share.map_or(0, |f| f.parameters),
@@ -486,6 +487,15 @@ pub fn inspect_text(b: &dyn Backend) -> String {
     let s = b.summary();
     let _ = writeln!(o, "file:      {}", escape(&s.path.to_string_lossy()));
     let _ = writeln!(o, "format:    {} v{}", s.format, s.version);
+    let _ = writeln!(
+        o,
+        "checksums: {}",
+        if s.checked {
+            "CRC-32 of every stored byte, verified on read"
+        } else {
+            "none (unchecked)"
+        }
+    );
     for n in &s.notes {
         let _ = writeln!(o, "           {}", escape(n));
     }

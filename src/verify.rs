@@ -38,6 +38,7 @@ use crate::encode::tensor_kind;
 use crate::error::{Error, ErrorKind, Result, err};
 use crate::format::rknot::{RknotFile, check_block};
 use crate::format::sk32::{Sk32File, SketchInfo, dequant_sigma, dequant_uv};
+use crate::integrity::checksums;
 use crate::names;
 use crate::source::SourceFile;
 use crate::text::escape;
@@ -118,6 +119,9 @@ pub struct Report {
     /// header could not be read).
     pub file_bytes: u64,
     pub parameters: u64,
+    /// Checksum units (block groups, chunks) compared against the file's
+    /// CRC-32s; None: the file carries none ("unchecked").
+    pub checksum_units: Option<u64>,
 }
 
 impl Report {
@@ -156,6 +160,8 @@ impl Report {
             "file_bytes": self.file_bytes,
             "parameters": self.parameters,
             "bits_per_weight": self.bits_per_weight(),
+            "checked": self.checksum_units.is_some(),
+            "checksum_units": self.checksum_units,
             "tensors": self.tensors.iter().map(|(n, s)| { let mut v = s.json(); v["name"] = json!(n); v }).collect::<Vec<_>>(),
             "by_kind": self.by_kind().iter().map(|(k, s)| (k.clone(), s.json())).collect::<serde_json::Map<_, _>>(),
             "overall": if self.tensors.is_empty() { Value::Null } else { self.overall().json() },
@@ -167,7 +173,15 @@ impl Report {
         let mut o = format!("file:    {} ({})\n", escape(&self.path), self.format);
         if self.faults.is_empty() {
             o += "structure: OK (headers, every stored block, no value NaN or infinite)\n";
-        } else {
+        }
+        match self.checksum_units {
+            Some(n) => o += &format!("checksums: {n} CRC-32s of stored bytes compared\n"),
+            None if self.format != "?" => {
+                o += "checksums: none in this file (unchecked; see `rknot manifest`)\n"
+            }
+            None => {}
+        }
+        if !self.faults.is_empty() {
             o += &format!("structure: {} FAULT(S)\n", self.faults.len());
             for f in &self.faults {
                 o += &format!(
@@ -493,6 +507,7 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
         dense: dense.map(|d| d.display().to_string()),
         file_bytes: 0,
         parameters: 0,
+        checksum_units: None,
     };
     // A header fault is the structural verdict.
     let parsed = match ParsedFile::open(encoded) {
@@ -500,6 +515,14 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
         Err(e) => return Ok(header_fault(e)),
     };
     let mut faults = Vec::new();
+    // Stored bytes against their checksums first: a damaged block would
+    // otherwise show as whatever it decodes to.
+    let scan = checksums::scan(&parsed, &mut |_, _| {});
+    let checksum_units = scan.checked.then_some(scan.units);
+    faults.extend(scan.mismatches.into_iter().map(|e| Fault {
+        tensor: e.tensor_name().map(names::canonical),
+        message: e.to_string(),
+    }));
     match &parsed {
         ParsedFile::Rknot(src, f) => check_rknot(src, f, &mut faults),
         ParsedFile::Sk32(src, f) => check_sketches(src, f, &mut faults),
@@ -543,7 +566,100 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
         dense: dense.map(|d| d.display().to_string()),
         file_bytes,
         parameters,
+        checksum_units,
     })
+}
+
+/// `rknot verify --integrity`: the stored bytes against the checksums the
+/// file carries, nothing decoded. Damage to the metadata fails the open
+/// (its KSUM record) and is reported as the one mismatch.
+pub fn verify_integrity(path: &Path, progress: bool) -> IntegrityReport {
+    let mut r = IntegrityReport {
+        path: path.display().to_string(),
+        ..IntegrityReport::default()
+    };
+    let parsed = match ParsedFile::open(path) {
+        Ok(p) => p,
+        Err(e) => {
+            r.open_error = Some(e);
+            return r;
+        }
+    };
+    let mut bar = progress.then(|| checksums::ByteProgress::new("verify --integrity"));
+    r.scan = checksums::scan(&parsed, &mut |done, total| {
+        if let Some(b) = bar.as_mut() {
+            b.update(done, total);
+        }
+    });
+    if let Some(b) = bar {
+        b.finish();
+    }
+    r
+}
+
+/// What `verify --integrity` found in one file.
+#[derive(Debug, Default)]
+pub struct IntegrityReport {
+    pub path: String,
+    /// The file did not open (a damaged header fails its KSUM record).
+    pub open_error: Option<Error>,
+    pub scan: checksums::ScanReport,
+}
+
+impl IntegrityReport {
+    pub fn ok(&self) -> bool {
+        self.open_error.is_none() && self.scan.mismatches.is_empty()
+    }
+
+    /// Every problem found, each naming file, tensor and offset.
+    pub fn problems(&self) -> impl Iterator<Item = &Error> {
+        self.open_error.iter().chain(&self.scan.mismatches)
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut o = format!("file:      {}\n", escape(&self.path));
+        let s = &self.scan;
+        if self.open_error.is_none() {
+            o += &if s.checked {
+                format!(
+                    "checksums: {} CRC-32s over {} tensors, {} bytes read\n",
+                    s.units, s.tensors, s.bytes
+                )
+            } else {
+                "checksums: none in this file: unchecked (use `rknot manifest` for files \
+                 without checksums)\n"
+                    .to_string()
+            };
+        }
+        let n = self.problems().count();
+        if n == 0 {
+            o += "integrity: OK\n";
+        } else {
+            o += &format!("integrity: {n} MISMATCH(ES)\n");
+            for e in self.problems() {
+                o += &format!("  {}\n", escape(&e.to_string()));
+            }
+        }
+        o
+    }
+
+    pub fn to_json(&self) -> Value {
+        let s = &self.scan;
+        json!({
+            "file": self.path,
+            "ok": self.ok(),
+            "checked": s.checked,
+            "tensors": s.tensors,
+            "units": s.units,
+            "bytes": s.bytes,
+            "mismatches": self.problems().map(|e| json!({
+                "tensor": e.tensor_name(),
+                "offset": e.offset(),
+                "kind": format!("{:?}", e.kind()),
+                "message": e.to_string(),
+            })).collect::<Vec<_>>(),
+        })
+    }
 }
 
 /// Overall relative weight error of `enc`'s lossy-encoded tensors against

@@ -8,6 +8,11 @@ CLI:
   independent_reader.py list FILE [--dense DENSE]
   independent_reader.py cat FILE TENSOR [--dense DENSE] > out.bin
   independent_reader.py check FILE [--dense DENSE] --rknot-bin PATH
+  independent_reader.py integrity FILE
+
+Checksums (section 12): a file with a KSUM record is "checked"; its metadata CRC-32 is verified
+at open and every tensor's stored bytes against its CRC-32s when the tensor is read. `integrity`
+verifies every tensor's stored bytes without decoding them (exit 1 on any mismatch).
 """
 from __future__ import annotations
 
@@ -17,12 +22,18 @@ import math
 import struct
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 
 
 class FormatError(Exception):
     pass
+
+
+class ChecksumError(FormatError):
+    """Section 12: a CRC-32 that disagrees with the bytes it covers, or a KSUM record and the
+    tensors' checksum fields that disagree about whether the file is checked (`Checksum`)."""
 
 
 # ---------------------------------------------------------------------------
@@ -293,10 +304,15 @@ class Tensor:
         # .knot, a .rknot's dense_tensors): the vocab-table rule of section 10 applies to these only
         self.lossy = lossy
         self.extra = {}
+        self.sums = None            # StoredSums in a checked file (section 12), else None
 
     def data(self) -> np.ndarray:
         if self.unavailable:
             raise FormatError(f"tensor {self.name} unavailable: {self.unavailable}")
+        if self.sums is not None:
+            # Section 12: every chunk / block group a read touches is verified before anything
+            # in it is decoded; this reader reads the whole tensor, so all of them.
+            self.sums.verify(self.stored_name)
         arr = self.loader()
         n = math.prod(self.shape)
         if arr.size != n:
@@ -308,11 +324,15 @@ class Tensor:
 
 
 class TensorMap(dict):
-    """canonical dot name -> Tensor, plus an index of the underscore spellings (for _add)."""
+    """canonical dot name -> Tensor, plus an index of the underscore spellings (for _add).
+    `checked`: the file has a KSUM record (section 12); `no_sums`: why a format has no place
+    for checksums (GGUF, .rknot version 2), else None."""
 
     def __init__(self):
         super().__init__()
         self.under = {}
+        self.checked = False
+        self.no_sums = None
 
 
 def _add(tensors: TensorMap, t: Tensor, path: str):
@@ -372,6 +392,154 @@ def _nonneg_int(v, what):
 
 
 # ---------------------------------------------------------------------------
+# Section 12: checksums
+# ---------------------------------------------------------------------------
+
+KSUM_TAG = b"KSUM"
+KSUM_LEN = 8
+MAX_CHUNK = 1 << 26            # crc32.chunk: 1..=2^26 (64 MiB)
+MAX_CHUNK_VALUES = 1 << 24     # crc32.values: more is TooLarge
+MAX_GROUP_BYTES = 16 << 20     # a .rknot block group: at most 16 MiB
+
+
+def _ksum(path, buf, at, covered):
+    """Section 12.1: the KSUM record at absolute `at`, if the 8 bytes there end in the tag. Its
+    CRC-32 must be that of the byte ranges `covered` (absolute (start, end), concatenated in
+    order): else the file is refused. Returns `at` for a checked file, None for an unchecked one."""
+    if bytes(buf[at + 4:at + 8]) != KSUM_TAG:
+        return None
+    (stored,) = struct.unpack_from("<I", buf, at)
+    actual = 0
+    for a, b in covered:
+        actual = zlib.crc32(memoryview(buf)[a:b], actual)
+    if actual != stored:
+        spans = " + ".join(f"[{a}, {b})" for a, b in covered if b > a)
+        raise ChecksumError(f"{path}: checksum: at byte {at}: the file's metadata (bytes {spans}) "
+                            f"has CRC-32 {actual:08x}; its KSUM record says {stored:08x}: the "
+                            f"header or index is damaged")
+    return at
+
+
+class StoredSums:
+    """One tensor's checksums (sections 12.2, 12.3): value i is the CRC-32 of file bytes
+    spans[i] = (absolute start, absolute end). `unit` is "chunk" or "group"; `groups` holds the
+    block range [g0, g1) of each group."""
+
+    def __init__(self, path, buf, unit, spans, values, groups=None):
+        self.path, self.buf, self.unit = path, buf, unit
+        self.spans, self.values, self.groups = spans, values, groups
+
+    def label(self, i):
+        if self.unit == "group":
+            g0, g1 = self.groups[i]
+            return f"group {i} (blocks [{g0}, {g1}))"
+        return f"chunk {i}"
+
+    def mismatches(self):
+        """(i, start, end, recorded, actual) for every value that disagrees with its bytes."""
+        mv = memoryview(self.buf)
+        for i, ((a, b), v) in enumerate(zip(self.spans, self.values)):
+            actual = zlib.crc32(mv[a:b])
+            if actual != v:
+                yield i, a, b, v, actual
+
+    def message(self, tensor, i, a, b, stored, actual):
+        return (f"{self.path}: tensor {tensor}: checksum: at byte {a}: {self.label(i)} ({b - a} "
+                f"bytes) has CRC-32 {actual:08x}, the file records {stored:08x}: the stored "
+                f"bytes are damaged")
+
+    def verify(self, tensor):
+        for m in self.mismatches():
+            raise ChecksumError(self.message(tensor, *m))
+
+    def n_bytes(self):
+        return sum(b - a for a, b in self.spans)
+
+
+def _presence(path, what, has_field, checked, field):
+    """Section 12.1: in a checked file every tensor has its checksum field, in an unchecked one
+    none does; either mismatch is a Checksum error at open."""
+    if has_field == checked:
+        return
+    if checked:
+        raise ChecksumError(f"{path}: {what}: checksum: the file has a KSUM record but the tensor "
+                            f"has no {field} field: the file is damaged")
+    raise ChecksumError(f"{path}: {what}: checksum: the tensor has a {field} field but the file "
+                        f"has no KSUM record (its end is damaged or cut)")
+
+
+def _chunk_sums(path, what, e, checked, buf, start, length):
+    """Section 12.3: an entry's `crc32` {"chunk": C, "values": [...]} over its `length` stored
+    bytes at absolute `start` -> StoredSums, or None in an unchecked file."""
+    _presence(path, what, "crc32" in e, checked, "crc32")
+    if not checked:
+        return None
+    where = f"{path}: {what}: crc32"
+    c = e["crc32"]
+    if not isinstance(c, dict) or "chunk" not in c or "values" not in c:
+        raise FormatError(f"{where} must be an object with \"chunk\" and \"values\", got {c!r}")
+    chunk = _nonneg_int(c["chunk"], f"{where}: chunk")
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise FormatError(f"{where}: chunk {chunk} must be in 1..={MAX_CHUNK}")
+    values = c["values"]
+    if not isinstance(values, list):
+        raise FormatError(f"{where}: values must be an array, got {values!r}")
+    if len(values) > MAX_CHUNK_VALUES:
+        raise FormatError(f"{where}: too large: {len(values)} values, more than 2^24")
+    for v in values:
+        if _nonneg_int(v, f"{where}: value") >= 1 << 32:
+            raise FormatError(f"{where}: value {v} is not below 2^32")
+    want = -(-length // chunk)
+    if len(values) != want:
+        raise FormatError(f"{where}: length mismatch: {len(values)} values; {length} stored bytes "
+                          f"in chunks of {chunk} need {want}")
+    spans = [(start + i * chunk, start + min(length, (i + 1) * chunk)) for i in range(want)]
+    return StoredSums(path, buf, "chunk", spans, values)
+
+
+def _group_sums(path, what, te, checked, buf, index, index_offset, claimed, body, blocks):
+    """Section 12.2: a version-3 tensor's `block_crc32` {"at": A, "group": G} -> StoredSums
+    over its blocks (body-relative (offset, length) each, back to back), or None in an
+    unchecked file. `claimed` ([int]) counts the index bytes the tensors take (section 6.5)."""
+    _presence(path, what, "block_crc32" in te, checked, "block_crc32")
+    if not checked:
+        return None
+    where = f"{path}: {what}: block_crc32"
+    bc = te["block_crc32"]
+    if not isinstance(bc, dict) or "at" not in bc or "group" not in bc:
+        raise FormatError(f"{where} must be an object with \"at\" and \"group\", got {bc!r}")
+    at = _u64(bc["at"], f"{where}: at")
+    group = _u64(bc["group"], f"{where}: group")
+    if group < 1:
+        raise FormatError(f"{where}: group {group} must be at least 1")
+    n = len(blocks)
+    ng = -(-n // group)
+    nbytes = 4 * ng
+    if at + nbytes > len(index):
+        raise FormatError(f"{where}: its {ng} CRC-32s ({n} blocks in groups of {group}) take index "
+                          f"bytes [{at}, {at + nbytes}) (file bytes [{index_offset + at}, "
+                          f"{index_offset + at + nbytes})), past the end of the {len(index)}-byte "
+                          f"block index")
+    claimed[0] += nbytes
+    if claimed[0] > len(index):
+        raise FormatError(f"{where}: at byte {index_offset + at}: the tensors' length codes and "
+                          f"CRC-32s so far take {claimed[0]} index bytes; the index has "
+                          f"{len(index)} (ranges may not be shared)")
+    values = list(struct.unpack_from(f"<{ng}I", index, at))
+    spans, groups = [], []
+    for g in range(ng):
+        g0, g1 = g * group, min(n, g * group + group)
+        a = body + blocks[g0][0]
+        b = body + blocks[g1 - 1][0] + blocks[g1 - 1][1]
+        if b - a > MAX_GROUP_BYTES:
+            raise FormatError(f"{where}: too large: group {g} (blocks [{g0}, {g1})) is {b - a} "
+                              f"bytes, above the {MAX_GROUP_BYTES}-byte cap")
+        spans.append((a, b))
+        groups.append((g0, g1))
+    return StoredSums(path, buf, "group", spans, values, groups)
+
+
+# ---------------------------------------------------------------------------
 # Section 3-5: KNOT container, SK32, dense .knot
 # ---------------------------------------------------------------------------
 
@@ -385,24 +553,28 @@ def open_knot(path: str, buf: bytes):
         raise FormatError(f"{path}: meta_len {meta_len} over 1 GiB cap")
     if 10 + meta_len > len(buf):
         raise FormatError(f"{path}: meta JSON past end of file")
+    codec_at = (10 + meta_len + 3) & ~3
+    base = codec_at + 1
+    # Section 12.1: a KSUM record in the last 8 bytes (a file of at least payload_base + 8
+    # bytes) covers bytes [0, payload_base); it is checked before the meta JSON is parsed.
+    ksum_at = (_ksum(path, buf, len(buf) - KSUM_LEN, [(0, base)])
+               if len(buf) >= base + KSUM_LEN else None)
     meta = _loads(buf[10:10 + meta_len].decode("utf-8"))
     if not isinstance(meta, dict):
         raise FormatError(f"{path}: meta JSON is not an object")
-    codec_at = (10 + meta_len + 3) & ~3
     if codec_at >= len(buf):
         raise FormatError(f"{path}: missing codec byte")
     if buf[codec_at] != 0:
         raise FormatError(f"{path}: unsupported codec byte {buf[codec_at]}")
-    base = codec_at + 1
     has_s, has_t = "sketches" in meta, "tensors" in meta
     if has_s == has_t:
         raise FormatError(f"{path}: meta must have exactly one of 'sketches' / 'tensors'")
     if has_s:
-        return "sk32", open_sk32(path, buf, meta, base)
-    return "knot", open_dense_knot(path, buf, meta, base)
+        return "sk32", open_sk32(path, buf, meta, base, ksum_at)
+    return "knot", open_dense_knot(path, buf, meta, base, ksum_at)
 
 
-def _check_ranges(path, ranges, limit):
+def _check_ranges(path, ranges, limit, ksum_at=None):
     ranges = sorted(r for r in ranges if r[1] > 0)
     end, last = -1, None   # furthest end so far, and whose it is
     for a, l, n in ranges:
@@ -412,13 +584,18 @@ def _check_ranges(path, ranges, limit):
             end, last = a + l, n
     for a, l, n in ranges:
         if a + l > limit:
+            if ksum_at is not None:
+                # section 12.1: the record's 8 bytes belong to no tensor (OutOfBounds)
+                raise FormatError(f"{path}: {n} range [{a}, {a + l}) runs into the KSUM record "
+                                  f"at byte {ksum_at} (the data ends there)")
             raise FormatError(f"{path}: {n} range [{a}, {a + l}) past end {limit}")
 
 
-def open_sk32(path, buf, meta, base):
+def open_sk32(path, buf, meta, base, ksum_at=None):
     if "format" in meta and meta["format"] != "sk32":
         raise FormatError(f"{path}: format {meta['format']!r} is not sk32")
     tensors = TensorMap()
+    tensors.checked = ksum_at is not None
     ranges = []
     for stored, e in _tensor_map(path, meta, "sketches").items():
         off = _nonneg_int(e["offset"], "offset")
@@ -442,6 +619,8 @@ def open_sk32(path, buf, meta, base):
                 raise FormatError(f"{path}: tensor {stored}: {k} {v} not finite/non-negative")
             scales[k] = float(v)
         ranges.append((base + off, length, stored))
+        # the sketch's stored bytes: u_q8 | sigma_q8 | v_q8
+        sums = _chunk_sums(path, f"tensor {stored}", e, tensors.checked, buf, base + off, length)
 
         aux = {}
 
@@ -463,8 +642,9 @@ def open_sk32(path, buf, meta, base):
         t = Tensor(name, [d_out, d_in], loader, "sk32", stored, lossy=True)
         t.extra["rank"] = rank
         t.extra["aux"] = aux
+        t.sums = sums
         _add(tensors, t, path)
-    _check_ranges(path, ranges, len(buf))
+    _check_ranges(path, ranges, len(buf) if ksum_at is None else ksum_at, ksum_at)
     return tensors
 
 
@@ -515,20 +695,24 @@ def parse_dense_entry(path, stored, e):
     return tid, shape, n, off, length
 
 
-def open_dense_knot(path, buf, meta, base):
+def open_dense_knot(path, buf, meta, base, ksum_at=None):
     if "format" in meta and meta["format"] != "knot":
         raise FormatError(f"{path}: format {meta['format']!r} is not knot")
     tensors = TensorMap()
+    tensors.checked = ksum_at is not None
     ranges = []
     for stored, e in _tensor_map(path, meta, "tensors").items():
         tid, shape, n, off, length = parse_dense_entry(path, stored, e)
         ranges.append((base + off, length, stored))
+        sums = _chunk_sums(path, f"tensor {stored}", e, tensors.checked, buf, base + off, length)
 
         def loader(tid=tid, a=base + off, length=length, n=n):
             return decode_ggml(tid, buf[a:a + length], n)
 
-        _add(tensors, Tensor(canonical_name(stored), shape, loader, "exact", stored), path)
-    _check_ranges(path, ranges, len(buf))
+        t = Tensor(canonical_name(stored), shape, loader, "exact", stored)
+        t.sums = sums
+        _add(tensors, t, path)
+    _check_ranges(path, ranges, len(buf) if ksum_at is None else ksum_at, ksum_at)
     return tensors
 
 
@@ -601,8 +785,10 @@ RKNOT_END = b"RKNOTEND"
 
 
 def _rknot_container(path, buf):
-    """Section 6 layouts. Returns (header dict, version, body_offset, body_len, index, index_offset);
-    index (bytes) and index_offset are None for version 2."""
+    """Section 6 layouts. Returns (header dict, version, body_offset, body_len, index, index_offset,
+    ksum_at); index (bytes) and index_offset are None for version 2; ksum_at is the absolute
+    offset of a version-3 file's KSUM record (section 12.1), which body_len then leaves out, or
+    None."""
     if len(buf) < 6:
         raise FormatError(f"{path}: truncated .rknot magic")
     version = buf[5]
@@ -618,7 +804,7 @@ def _rknot_container(path, buf):
                               f"({len(buf)} bytes)")
         hdr_bytes = buf[10:10 + hlen]
         body, body_len = 10 + hlen, len(buf) - (10 + hlen)
-        index = index_offset = None
+        index = index_offset = ksum_at = None
     elif version == 3:
         n = len(buf)
         if n < 32:
@@ -644,6 +830,14 @@ def _rknot_container(path, buf):
         hdr_bytes = buf[header_offset:n - 24]
         index = buf[index_offset:header_offset]
         body, body_len = 8, index_offset - 8
+        # Section 12.1: a KSUM record in the body's last 8 bytes (a body of at least 8 bytes)
+        # covers [0, 8) + [index_offset, file_len); checked before the header is parsed. Its
+        # bytes belong to no tensor: the tensors' body ends before it.
+        ksum_at = None
+        if body_len >= KSUM_LEN:
+            ksum_at = _ksum(path, buf, index_offset - KSUM_LEN, [(0, 8), (index_offset, n)])
+        if ksum_at is not None:
+            body_len -= KSUM_LEN
     else:
         raise FormatError(f"{path}: unsupported .rknot version {version} (magic "
                           f"{bytes(buf[:6])!r}; this reader knows 2 and 3)")
@@ -655,7 +849,7 @@ def _rknot_container(path, buf):
     if "version" in hdr and (isinstance(hdr["version"], bool) or hdr["version"] != version):
         raise FormatError(f"{path}: header version {hdr['version']!r} disagrees with the magic "
                           f"(version {version})")
-    return hdr, version, body, body_len, index, index_offset
+    return hdr, version, body, body_len, index, index_offset, ksum_at
 
 
 def _tile_dims(R, C, BR, BC, CT, n):
@@ -701,10 +895,21 @@ def _u64(v, what):
     return v
 
 
+def _outside_body(d_off, d_len, body_len, ksum_at):
+    """Why [d_off, d_off + d_len) (body-relative) is not inside the body (None if it is)."""
+    if d_off + d_len <= body_len:
+        return None
+    if ksum_at is not None:
+        return (f"runs into the KSUM record at byte {ksum_at} (the body's last 8 bytes, "
+                f"which belong to no tensor; the tensors' body is {body_len} bytes)")
+    return f"lies outside the {body_len}-byte body"
+
+
 def _v3_blocks(path, stored, te, index, index_offset, body_len, R, C, BR, BC, CT, n,
-               mode, bits, line_axis):
+               mode, bits, line_axis, claimed, ksum_at):
     """Version 3 `data` + `block_lengths` -> [(offset relative to the body, length)] per block,
-    with every check section 6.5 makes at open."""
+    with every check section 6.5 makes at open. `claimed` ([int]) counts the index bytes the
+    tensors' length codes and CRC-32s take so far (at most index_len in all)."""
     where = f"{path}: tensor {stored}"
     data = te["data"]
     if not isinstance(data, list) or len(data) != 2:
@@ -731,10 +936,15 @@ def _v3_blocks(path, stored, te, index, index_offset, body_len, R, C, BR, BC, CT
                           f"[{A}, {A + nbytes}) (file bytes [{index_offset + A}, "
                           f"{index_offset + A + nbytes})), past the end of the {len(index)}-byte "
                           f"block index")
-    if d_off + d_len > body_len:
+    claimed[0] += nbytes
+    if claimed[0] > len(index):
+        raise FormatError(f"{where}: at byte {index_offset + A}: the tensors' length codes and "
+                          f"CRC-32s so far take {claimed[0]} index bytes; the index has "
+                          f"{len(index)} (ranges may not be shared)")
+    why = _outside_body(d_off, d_len, body_len, ksum_at)
+    if why:
         raise FormatError(f"{where}: data [{d_off}, {d_off + d_len}) (file bytes "
-                          f"[{8 + d_off}, {8 + d_off + d_len})) lies outside the "
-                          f"{body_len}-byte body")
+                          f"[{8 + d_off}, {8 + d_off + d_len})) {why}")
     v = _u32_codes(index, A, n, W)
     tr, tc = _tile_dims(R, C, BR, BC, CT, n)
     lo, hi = _length_bounds(tr, tc, mode, bits, line_axis)
@@ -756,7 +966,7 @@ def _v3_blocks(path, stored, te, index, index_offset, body_len, R, C, BR, BC, CT
 
 
 def open_rknot(path, buf):
-    hdr, version, body, body_len, index, index_offset = _rknot_container(path, buf)
+    hdr, version, body, body_len, index, index_offset, ksum_at = _rknot_container(path, buf)
     num_layers = _nonneg_int(hdr["arch_meta"]["num_layers"], "num_layers")
     layers = hdr["layers"]
     if not isinstance(layers, list):
@@ -770,6 +980,10 @@ def open_rknot(path, buf):
         raise FormatError(f"{path}: too large: {n_compressed} compressed + {len(dense)} dense "
                           f"tensors, over the cap {MAX_TENSORS}")
     tensors = TensorMap()
+    tensors.checked = ksum_at is not None
+    if version == 2:
+        tensors.no_sums = ".rknot version 2 has no place for checksums"
+    claimed = [0]   # index bytes taken by length codes and block CRC-32s (section 6.5)
     seen_idx = set()
     ranges = []
     for layer in layers:
@@ -816,9 +1030,13 @@ def open_rknot(path, buf):
             n = RT * CT
             if version == 3:
                 blocks, (d_off, d_len) = _v3_blocks(path, stored, te, index, index_offset, body_len,
-                                                    R, C, BR, BC, CT, n, mode, bits, line_axis)
+                                                    R, C, BR, BC, CT, n, mode, bits, line_axis,
+                                                    claimed, ksum_at)
                 ranges.append((body + d_off, d_len, f"tensor {stored} data"))
+                sums = _group_sums(path, f"tensor {stored}", te, tensors.checked, buf, index,
+                                   index_offset, claimed, body, blocks)
             else:
+                sums = None
                 blocks = te["blocks"]
                 if not isinstance(blocks, list):
                     raise FormatError(f"{path}: {stored}: blocks must be an array")
@@ -855,15 +1073,18 @@ def open_rknot(path, buf):
                 full[np.ix_(rows_map, cols_map)] = compact
                 return full.reshape(-1)
 
-            _add(tensors, Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored,
-                                 lossy=True), path)
+            t = Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored, lossy=True)
+            t.sums = sums
+            _add(tensors, t, path)
     for stored, e in dense.items():
         tid, shape, n, off, length = parse_dense_entry(path, f"{stored} (dense_tensors)", e)
-        if off + length > body_len:
+        why = _outside_body(off, length, body_len, ksum_at)
+        if why:
             raise FormatError(f"{path}: dense tensor {stored}: [{off}, {off + length}) (file bytes "
-                              f"[{body + off}, {body + off + length})) lies outside the "
-                              f"{body_len}-byte body")
+                              f"[{body + off}, {body + off + length})) {why}")
         ranges.append((body + off, length, f"dense tensor {stored}"))
+        sums = _chunk_sums(path, f"dense tensor {stored}", e, tensors.checked, buf, body + off,
+                           length)
 
         def loader(tid=tid, a=body + off, length=length, n=n):
             return decode_ggml(tid, buf[a:a + length], n)
@@ -872,6 +1093,7 @@ def open_rknot(path, buf):
         # another dense one: one namespace (section 6.6)
         t = Tensor(canonical_name(stored), shape, loader, "exact", stored)
         t.extra["dense"] = True
+        t.sums = sums
         _add(tensors, t, path)
     # data ranges of compressed tensors and dense tensors: inside the body, no two overlapping
     _check_ranges(path, ranges, body + body_len)
@@ -947,6 +1169,7 @@ def open_gguf(path, buf):
         infos.append((name, ne, tt, off))
     data = (r.pos + align - 1) // align * align
     tensors = TensorMap()
+    tensors.no_sums = "GGUF has no place for checksums"
     for name, ne, tt, off in infos:
         shape = list(reversed(ne))
         n = math.prod(ne)
@@ -991,8 +1214,19 @@ def open_any(path: str):
     raise FormatError(f"{path}: bad magic: found {list(head)} ({head!r})")
 
 
+def checksum_status(tensors: TensorMap) -> str:
+    """Section 12: "checked" (a KSUM record, verified at open, and CRC-32s for every tensor) or
+    "unchecked", with what that means for the file."""
+    if tensors.checked:
+        n = sum(len(t.sums.values) for t in tensors.values() if t.sums is not None)
+        return (f"checked (KSUM record matches the metadata; {len(tensors)} tensors with "
+                f"{n} CRC-32s, verified when read)")
+    return f"unchecked ({tensors.no_sums or 'no KSUM record: the file carries no checksums'})"
+
+
 def open_view(path: str, dense: str | None):
-    """Returns (dict canonical name -> Tensor, dict name -> source label).
+    """Returns (dict canonical name -> Tensor, dict name -> source label, [(path, TensorMap)]
+    of the files opened).
 
     Section 10 layering: a tensor both files have is served from the primary, except the vocab
     tables when the primary holds them lossy-encoded (an SK32 sketch or .rknot blocks): those
@@ -1000,9 +1234,11 @@ def open_view(path: str, dense: str | None):
     blocks (section 6.6 dense_tensors) is served from it like any tensor. Listing order: the
     fallback's tensors in its order, then the primary-only ones in the primary's order."""
     _, prim = open_any(path)
+    files = [(path, prim)]
     fb = {}
     if dense is not None:
         _, fb = open_any(dense)
+        files.append((dense, fb))
         for name, t in prim.items():
             if name in fb and fb[name].shape != t.shape:
                 raise FormatError(f"shape mismatch: tensor {name} is {t.shape} in {path} but "
@@ -1027,7 +1263,7 @@ def open_view(path: str, dense: str | None):
             source[name] = "unavailable"
         else:
             view[name], source[name] = t, "primary"
-    return view, source
+    return view, source, files
 
 
 def lookup(view: dict, name: str) -> Tensor:
@@ -1042,7 +1278,9 @@ def lookup(view: dict, name: str) -> Tensor:
 # ---------------------------------------------------------------------------
 
 def cmd_list(args):
-    view, _ = open_view(args.file, args.dense)
+    view, _, files = open_view(args.file, args.dense)
+    for path, tmap in files:
+        print(f"# file {path}: {checksum_status(tmap)}", file=sys.stderr)
     for name, t in view.items():
         shp = "x".join(str(x) for x in t.shape)
         if t.unavailable:
@@ -1052,43 +1290,89 @@ def cmd_list(args):
 
 
 def cmd_cat(args):
-    view, _ = open_view(args.file, args.dense)
+    view, _, _ = open_view(args.file, args.dense)
     t = lookup(view, args.tensor)
     data = t.data()
     sys.stdout.buffer.write(data.astype("<f4").tobytes())
 
 
-def check_listing(args, view, source) -> int:
+def check_listing(args, view, source, files) -> int:
     """Compare which tensors are served, from which file, in which order, with `rknot inspect
     --json` (section 10 layering). The bytes alone cannot tell: a .rknot's ggml-block tensors
-    are usually the fallback's bytes verbatim. Returns the number of mismatches."""
+    are usually the fallback's bytes verbatim. Also whether each file is checked (section 12),
+    when the binary's JSON says. Returns the number of mismatches."""
     cmd = [args.rknot_bin, "inspect", "--json", args.file] + (["--dense", args.dense] if args.dense else [])
     p = subprocess.run(cmd, capture_output=True)
     try:
+        doc = json.loads(p.stdout)
         theirs = [(t["name"], list(t["shape"]), t["source"]["role"], bool(t["available"]))
-                  for t in json.loads(p.stdout)["tensors"]]
+                  for t in doc["tensors"]]
     except (ValueError, KeyError, TypeError) as ex:
         print(f"note: listing not compared: `{' '.join(cmd)}` gave no usable tensor table "
               f"(rc={p.returncode}, {type(ex).__name__}: {ex})")
         return 0
+    bad = 0
+    for (path, tmap), key in zip(files, ("source", "fallback")):
+        src = doc.get(key)
+        if isinstance(src, dict) and "checked" in src and bool(src["checked"]) != tmap.checked:
+            print(f"MISMATCH {path}: binary says checked={src['checked']!r}, this reader "
+                  f"{checksum_status(tmap)}")
+            bad += 1
     mine = [(name, t.shape, "primary" if source[name] == "unavailable" else source[name],
              not t.unavailable) for name, t in view.items()]
     if mine == theirs:
-        return 0
+        return bad
     print(f"MISMATCH listing (name, shape, source, available) vs `{' '.join(cmd)}`:")
     for i in range(max(len(mine), len(theirs))):
         a = mine[i] if i < len(mine) else None
         b = theirs[i] if i < len(theirs) else None
         if a != b:
             print(f"   [{i}] mine={a} binary={b}")
-    return 1
+    return bad + 1
+
+
+def cmd_integrity(args):
+    """Section 12: every tensor's stored bytes against its CRC-32s, nothing decoded. One line per
+    mismatch and a summary; 1 on any mismatch (the metadata's, found at open, included), 0 when
+    all match or the file has no checksums."""
+    path = args.file
+    try:
+        _, tensors = open_any(path)
+    except ChecksumError as ex:
+        print(f"MISMATCH {ex}")
+        print(f"FAIL: {path}: refused at open (a Checksum error: its metadata or checksum fields "
+              f"are damaged)")
+        return 1
+    if not tensors.checked:
+        print(f"{path}: {checksum_status(tensors)}: nothing to verify")
+        return 0
+    n_bad = n_values = n_bytes = 0
+    bad_tensors = set()
+    for t in tensors.values():
+        s = t.sums
+        n_values += len(s.values)
+        n_bytes += s.n_bytes()
+        for i, a, b, stored, actual in s.mismatches():
+            print(f"MISMATCH {path}: tensor {t.stored_name}: {s.label(i)} at byte {a} ({b - a} "
+                  f"bytes): CRC-32 {actual:08x}, the file records {stored:08x}")
+            n_bad += 1
+            bad_tensors.add(t.name)
+    if n_bad:
+        print(f"FAIL: {path}: checked: {n_bad} of {n_values} CRC-32s disagree with the stored "
+              f"bytes, in {len(bad_tensors)} of {len(tensors)} tensors")
+        return 1
+    print(f"OK: {path}: checked: metadata and {len(tensors)} tensors ({n_values} CRC-32s over "
+          f"{n_bytes} stored bytes) match")
+    return 0
 
 
 def cmd_check(args):
-    view, source = open_view(args.file, args.dense)
+    view, source, files = open_view(args.file, args.dense)
+    for path, tmap in files:
+        print(f"file {path}: {checksum_status(tmap)}")
     n_ok = n_exact = n_tol = n_refused = 0
     max_rel = 0.0
-    failures = check_listing(args, view, source)
+    failures = check_listing(args, view, source, files)
     unavailable = []
     for name, t in view.items():
         if t.unavailable:
@@ -1193,12 +1477,15 @@ def _main(argv=None):
     p = sub.add_parser("cat"); p.add_argument("file"); p.add_argument("tensor"); p.add_argument("--dense")
     p = sub.add_parser("check"); p.add_argument("file"); p.add_argument("--dense")
     p.add_argument("--rknot-bin", required=True)
+    p = sub.add_parser("integrity"); p.add_argument("file")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "list":
             cmd_list(args)
         elif args.cmd == "cat":
             cmd_cat(args)
+        elif args.cmd == "integrity":
+            return cmd_integrity(args)
         else:
             return cmd_check(args)
     except FormatError as e:

@@ -101,6 +101,15 @@ for name in seed-graded faithful seed compressed-only; do
     echo "$out"
     [ -n "$dense" ] || alone=$out
   done
+  # checksums (FORMAT.md section 12): every stored byte matches; one flipped payload byte
+  # (byte 100 is in the body's first blocks) is a mismatch, exit status 1
+  out=$(python3 tools/independent_reader.py integrity "$f") && case $out in *": checked:"*) ;; *) false ;; esac \
+    || { echo "$out"; echo "FAIL: independent reader integrity $f"; exit 1; }
+  echo "$out"
+  python3 -c 'import sys; b = bytearray(open(sys.argv[1], "rb").read()); b[100] ^= 1; open(sys.argv[2], "wb").write(b)' \
+    "$f" "$v3_dir/flipped.rknot"
+  rc=0; out=$(python3 tools/independent_reader.py integrity "$v3_dir/flipped.rknot") || rc=$?
+  [ "$rc" = 1 ] || { echo "$out"; echo "FAIL: integrity of $f with a flipped payload byte: exit $rc, want 1"; exit 1; }
   # self-contained (the default): the file alone lists every tensor of the source, shapes
   # included; --compressed-only: no tensor stored as ggml blocks
   if [ "$name" = compressed-only ]; then
@@ -108,8 +117,9 @@ for name in seed-graded faithful seed compressed-only; do
       *"stored as ggml blocks"*) echo "FAIL: $f was encoded with --compressed-only but holds dense tensors"; exit 1 ;;
     esac
   else
-    diff <(python3 tools/independent_reader.py list "$f" 2>&1 | sort) \
-         <(python3 tools/independent_reader.py list demo/tiny-llama.gguf 2>&1 | sort) \
+    # (without the "# file F: checked/unchecked" lines, which differ)
+    diff <(python3 tools/independent_reader.py list "$f" 2>&1 | grep -v '^# file ' | sort) \
+         <(python3 tools/independent_reader.py list demo/tiny-llama.gguf 2>&1 | grep -v '^# file ' | sort) \
       || { echo "FAIL: $f does not serve the whole model alone"; exit 1; }
   fi
 done

@@ -70,8 +70,13 @@ enum Cmd {
         /// Encoded file (.rknot, SK32, dense .knot or GGUF).
         encoded: PathBuf,
         /// The dense model it was encoded from.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "integrity")]
         dense: Option<PathBuf>,
+        /// Only check every stored byte against the checksums the file
+        /// carries (nothing decoded), with progress; exit 1 naming each
+        /// damaged block group or chunk.
+        #[arg(long)]
+        integrity: bool,
         #[arg(long)]
         json: bool,
     },
@@ -185,6 +190,17 @@ enum BenchCmd {
         #[arg(long, default_value_t = 200)]
         random_reads: usize,
     },
+    /// Cost of verifying checksums on the read path: every tensor of FILE
+    /// (with checksums) read in full against a copy without them, rounds
+    /// interleaved, medians and their ratio.
+    Checksums {
+        file: PathBuf,
+        /// Where the copy without checksums goes (removed afterwards).
+        #[arg(long, default_value = "/tmp")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
 }
 
 fn main() -> ExitCode {
@@ -233,8 +249,36 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Cmd::Encode { what } => encode(what),
         Cmd::Verify {
             encoded,
+            integrity: true,
+            json,
+            ..
+        } => {
+            let r = rknot::verify::verify_integrity(&encoded, !json);
+            let text = if json {
+                let mut s = escape_json_text(serde_json::to_string_pretty(&r.to_json())?);
+                s.push('\n');
+                s
+            } else {
+                r.to_text()
+            };
+            write_stdout(text.as_bytes())?;
+            match r.problems().next() {
+                None => Ok(()),
+                Some(first) => Err(Box::new(rknot::Error::new(
+                    rknot::ErrorKind::Checksum,
+                    format!(
+                        "{}: {} integrity problem(s); first: {first}",
+                        rknot::text::escape(&r.path),
+                        r.problems().count()
+                    ),
+                ))),
+            }
+        }
+        Cmd::Verify {
+            encoded,
             dense,
             json,
+            ..
         } => {
             let r = rknot::verify::verify(&encoded, dense.as_deref())?;
             let text = if json {
@@ -271,6 +315,12 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 mount_bin,
             };
             let report = rknot::bench::mount_bench(&opts)?;
+            write_stdout(report.as_bytes())
+        }
+        Cmd::Bench {
+            what: BenchCmd::Checksums { file, dir, rounds },
+        } => {
+            let report = rknot::bench::checksums_bench(&file, &dir, rounds)?;
             write_stdout(report.as_bytes())
         }
     }

@@ -325,10 +325,15 @@ impl TensorFs {
         let b = self.shared.backend.as_ref();
         let src = |s: &SourceSummary| {
             format!(
-                "{} ({} v{})",
+                "{} ({} v{}, {})",
                 Escaped(&s.path.display().to_string()),
                 s.format,
-                s.version
+                s.version,
+                if s.checked {
+                    "checksums verified on read"
+                } else {
+                    "unchecked"
+                }
             )
         };
         let mut o = format!(
@@ -348,7 +353,7 @@ impl TensorFs {
              cache:     hits {}, misses {} ({} waited for a decode in flight), evictions {}\n\
              cache:     bytes decoded {}, decode errors {}, decodes in flight {} ({} B), {} B held by replies\n\
              cache:     waits for budget {}, decodes over budget {}, read-ahead refused {}\n\
-             reads:     in flight {}, total {}, errors {}, bytes served {}, small uncached {}\n\
+             reads:     in flight {}, total {}, errors {} ({} checksum), bytes served {}, small uncached {}\n\
              prefetch:  threads {}, chunks requested {}, dropped {}\n\
              commands:  write one per line to this file ({} only): drop-cache{}\n",
             self.shared.files.len(),
@@ -381,6 +386,7 @@ impl TensorFs {
             c.reads_in_flight.load(Ordering::Relaxed),
             c.reads.load(Ordering::Relaxed),
             c.read_errors.load(Ordering::Relaxed),
+            c.checksum_errors.load(Ordering::Relaxed),
             c.bytes_served.load(Ordering::Relaxed),
             c.small_reads.load(Ordering::Relaxed),
             self.config.prefetch_threads,
@@ -420,7 +426,7 @@ impl TensorFs {
     pub fn ctl_json(&self) -> Value {
         let s = self.shared.cache.stats();
         let b = self.shared.backend.as_ref();
-        let src = |s: &SourceSummary| json!({"path": s.path.display().to_string(), "format": s.format.name(), "version": s.version});
+        let src = |s: &SourceSummary| json!({"path": s.path.display().to_string(), "format": s.format.name(), "version": s.version, "checked": s.checked});
         let c = &self.counters;
         json!({
             "version": env!("CARGO_PKG_VERSION"),
@@ -441,6 +447,7 @@ impl TensorFs {
                 "in_flight": c.reads_in_flight.load(Ordering::Relaxed),
                 "total": c.reads.load(Ordering::Relaxed),
                 "errors": c.read_errors.load(Ordering::Relaxed),
+                "checksum_errors": c.checksum_errors.load(Ordering::Relaxed),
                 "bytes_served": c.bytes_served.load(Ordering::Relaxed),
                 "small_uncached": c.small_reads.load(Ordering::Relaxed),
             },

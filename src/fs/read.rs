@@ -118,6 +118,8 @@ impl Shared {
 pub(super) struct Counters {
     pub(super) reads: AtomicU64,
     pub(super) read_errors: AtomicU64,
+    /// Reads failed because stored bytes disagree with their checksum.
+    pub(super) checksum_errors: AtomicU64,
     pub(super) reads_in_flight: AtomicU64,
     pub(super) small_reads: AtomicU64,
     pub(super) bytes_served: AtomicU64,
@@ -186,6 +188,9 @@ impl TensorFs {
             }
             Err(e) => {
                 c.read_errors.fetch_add(1, Ordering::Relaxed);
+                if e.kind() == crate::ErrorKind::Checksum {
+                    c.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                }
                 let what = match node {
                     Node::Tensor { f, fmt } => format!("{}.{}", self.tensor_name(*f), fmt.ext()),
                     Node::View(v, _) => v.view.name().to_string(),

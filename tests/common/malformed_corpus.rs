@@ -257,6 +257,31 @@ pub fn knot_reseal(v: &mut [u8]) {
     reseal(v, &[(0, base)]);
 }
 
+/// Recompute the KSUM record of a KNOT or version-3 .rknot file, if it has
+/// one where the file's own lengths say (a fuzzer's byte mutations then
+/// reach the parsers behind the record, not only the record).
+pub fn reseal_any(v: &mut [u8]) {
+    let n = v.len();
+    if v.starts_with(b"KNOT") && n >= 10 {
+        let meta_len = u32::from_le_bytes([v[6], v[7], v[8], v[9]]) as usize;
+        let base = ((10usize.saturating_add(meta_len) + 3) & !3) + 1;
+        if base <= n {
+            reseal(v, &[(0, base)]);
+        }
+    } else if v.starts_with(b"RKNOT\x03") && n >= 32 {
+        let word = |at: usize| u64::from_le_bytes(v[at..at + 8].try_into().unwrap_or([0; 8]));
+        let (index_len, header_len) = (word(n - 24), word(n - 16));
+        let Some(index_at) = (n as u64 - 24)
+            .checked_sub(header_len)
+            .and_then(|h| h.checked_sub(index_len))
+            .filter(|&i| i >= 8)
+        else {
+            return;
+        };
+        reseal(v, &[(0, 8), (index_at as usize, n)]);
+    }
+}
+
 /// The same KNOT file without checksums: every `crc32` field and the KSUM
 /// record removed (what writers made before checksums existed).
 pub fn knot_unchecked(bytes: &[u8]) -> Vec<u8> {

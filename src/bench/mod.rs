@@ -23,11 +23,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{self, Backend};
+
+mod checksums;
 use crate::format::gguf::write_gguf;
 use crate::format::meta::{MetaValue, Metadata};
 use crate::format::sk32::write_sk32;
 use crate::quant::GgmlType;
 use crate::synth::{self, Rng};
+pub use checksums::checksums_bench;
 
 type BResult<T> = std::result::Result<T, String>;
 

@@ -1,0 +1,3 @@
+//! Integrity: checksums inside the formats, scanned without decoding.
+
+pub mod checksums;
