@@ -15,6 +15,7 @@ pub mod encode;
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod integrity;
 pub mod jobs;
 pub mod logging;
 pub mod mount;
