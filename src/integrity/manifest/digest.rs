@@ -139,9 +139,72 @@ fn ascending(ranges: &[Range<u64>]) -> bool {
     ranges.windows(2).all(|w| w[1].start >= w[0].end)
 }
 
+/// The header's and the tensors' hashers, fed the file's pieces in order.
+struct PartHashers<'a> {
+    covered: &'a [Range<u64>],
+    cov_i: usize,
+    /// Segments of the tensors the pass feeds, by start.
+    segs: Vec<(Range<u64>, usize)>,
+    next_seg: usize,
+    active: Vec<usize>,
+    header: Sha256,
+    tensors: Vec<Sha256>,
+}
+
+impl PartHashers<'_> {
+    /// Bytes `[pos, pos + chunk.len())` of the file.
+    fn feed(&mut self, pos: u64, chunk: &[u8]) {
+        let end = pos + chunk.len() as u64;
+        // Header: the parts of [pos, end) outside every tensor.
+        let mut p = pos;
+        while p < end {
+            while self.covered.get(self.cov_i).is_some_and(|c| c.end <= p) {
+                self.cov_i += 1;
+            }
+            match self.covered.get(self.cov_i) {
+                Some(c) if c.start <= p => p = c.end.min(end),
+                Some(c) => {
+                    let g = c.start.min(end);
+                    self.header
+                        .update(&chunk[(p - pos) as usize..(g - pos) as usize]);
+                    p = g;
+                }
+                None => {
+                    self.header.update(&chunk[(p - pos) as usize..]);
+                    p = end;
+                }
+            }
+        }
+        // Tensors: every segment overlapping [pos, end), in start order (a
+        // tensor's own segments are ascending, so its hasher gets its
+        // bytes in format order).
+        while self
+            .segs
+            .get(self.next_seg)
+            .is_some_and(|(r, _)| r.start < end)
+        {
+            self.active.push(self.next_seg);
+            self.next_seg += 1;
+        }
+        for &s in &self.active {
+            let (r, t) = &self.segs[s];
+            let (a, b) = (r.start.max(pos), r.end.min(end));
+            if a < b {
+                self.tensors[*t].update(&chunk[(a - pos) as usize..(b - pos) as usize]);
+            }
+        }
+        let segs = &self.segs;
+        self.active.retain(|&s| segs[s].0.end > end);
+    }
+}
+
 /// Whole file, header and every tensor of `file` in one sequential pass
 /// (tensors whose ranges are not in file order, which no writer makes, are
 /// hashed after it). `progress` gets the bytes of each piece read.
+///
+/// Each byte is hashed twice (the whole file, and the header or its
+/// tensors), so the two run on two threads while the next piece is read:
+/// the pass goes at the speed of one SHA-256 stream or of the disk.
 pub fn digest_file(
     file: &SourceFile,
     tensors: &[TensorBytes],
@@ -149,7 +212,6 @@ pub fn digest_file(
 ) -> Result<FileDigests> {
     let len = file.len();
     let covered = covered(tensors);
-    // Segments of the tensors the pass feeds, by start.
     let mut segs: Vec<(Range<u64>, usize)> = tensors
         .iter()
         .enumerate()
@@ -162,57 +224,56 @@ pub fn digest_file(
         })
         .collect();
     segs.sort_by_key(|(r, _)| r.start);
-    let mut hashers: Vec<Sha256> = tensors.iter().map(|_| Sha256::new()).collect();
+    let mut parts = PartHashers {
+        covered: &covered,
+        cov_i: 0,
+        segs,
+        next_seg: 0,
+        active: Vec::new(),
+        header: Sha256::new(),
+        tensors: tensors.iter().map(|_| Sha256::new()).collect(),
+    };
     let mut whole = Sha256::new();
-    let mut header = Sha256::new();
-    let mut buf = vec![0u8; READ_PIECE.min(len as usize).max(1)];
-    let (mut next_seg, mut active, mut cov_i) = (0usize, Vec::<usize>::new(), 0usize);
+    let piece = READ_PIECE.min(len as usize).max(1);
+    let (mut cur, mut next) = (vec![0u8; piece], vec![0u8; piece]);
+    let read = |pos: u64, buf: &mut Vec<u8>| -> Result<()> {
+        let n = (len - pos).min(piece as u64) as usize;
+        buf.resize(n, 0);
+        file.read_at(pos, buf)
+    };
     let mut pos = 0u64;
+    if len > 0 {
+        read(0, &mut cur)?;
+    }
     while pos < len {
-        let n = (len - pos).min(buf.len() as u64) as usize;
-        let chunk = &mut buf[..n];
-        file.read_at(pos, chunk)?;
-        let end = pos + n as u64;
-        whole.update(&*chunk);
-        // Header: the parts of [pos, end) outside every tensor.
-        let mut p = pos;
-        while p < end {
-            while covered.get(cov_i).is_some_and(|c| c.end <= p) {
-                cov_i += 1;
-            }
-            match covered.get(cov_i) {
-                Some(c) if c.start <= p => p = c.end.min(end),
-                Some(c) => {
-                    let g = c.start.min(end);
-                    header.update(&chunk[(p - pos) as usize..(g - pos) as usize]);
-                    p = g;
-                }
-                None => {
-                    header.update(&chunk[(p - pos) as usize..]);
-                    p = end;
-                }
-            }
-        }
-        // Tensors: every segment overlapping [pos, end), in start order
-        // (a tensor's own segments are ascending, so its hasher gets its
-        // bytes in format order).
-        while segs.get(next_seg).is_some_and(|(r, _)| r.start < end) {
-            active.push(next_seg);
-            next_seg += 1;
-        }
-        for &s in &active {
-            let (r, t) = &segs[s];
-            let (a, b) = (r.start.max(pos), r.end.min(end));
-            if a < b {
-                hashers[*t].update(&chunk[(a - pos) as usize..(b - pos) as usize]);
-            }
-        }
-        active.retain(|&s| segs[s].0.end > end);
-        progress(n as u64);
-        pos = end;
+        let n = cur.len() as u64;
+        let following = pos + n;
+        let (w, pa, chunk) = (&mut whole, &mut parts, cur.as_slice());
+        let ahead = std::thread::scope(|s| {
+            let h = s.spawn(move || w.update(chunk));
+            pa.feed(pos, chunk);
+            let ahead = if following < len {
+                read(following, &mut next)
+            } else {
+                Ok(())
+            };
+            // A panic in the hasher is a bug; surface it as one.
+            h.join().map_err(|_| {
+                err(
+                    ErrorKind::BadValue,
+                    "internal error: the hashing thread panicked",
+                )
+                .path(file.path())
+            })?;
+            ahead
+        });
+        ahead?;
+        progress(n);
+        pos = following;
+        std::mem::swap(&mut cur, &mut next);
     }
     let mut out = Vec::with_capacity(tensors.len());
-    for (t, h) in tensors.iter().zip(hashers) {
+    for (t, h) in tensors.iter().zip(parts.tensors) {
         let d = if ascending(&t.ranges) {
             h.finalize().into()
         } else {
@@ -222,7 +283,7 @@ pub fn digest_file(
     }
     Ok(FileDigests {
         whole: whole.finalize().into(),
-        header: header.finalize().into(),
+        header: parts.header.finalize().into(),
         tensors: out,
     })
 }
