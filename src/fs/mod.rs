@@ -505,6 +505,15 @@ impl TensorFs {
         self.shared.files.len()
     }
 
+    /// Whether a read of `ino` may wait for a whole-file manifest check
+    /// (`-o unverified=hold` while one runs): the FUSE adapter serves such
+    /// reads on threads of their own.
+    pub fn read_may_wait(&self, ino: u64) -> bool {
+        let data = (FIRST_TENSOR_INO..JOB_INO_BASE).contains(&ino)
+            || ModelView::ALL.iter().any(|v| v.ino() == ino);
+        data && self.config.integrity.as_ref().is_some_and(|i| i.may_hold())
+    }
+
     /// Every inode with tensor bytes in it (tensor files in each format,
     /// model views): what the kernel must forget when bytes it cached are
     /// withdrawn.

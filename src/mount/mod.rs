@@ -408,7 +408,7 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
         .as_ref()
         .filter(|i| i.unverified() == manifest::Unverified::Allow)
         .map(|_| fs.data_inodes());
-    let mut session = match Session::new(FuseAdapter { fs }, &mountpoint, &prep.fuse_config) {
+    let mut session = match Session::new(FuseAdapter::new(fs), &mountpoint, &prep.fuse_config) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {}: {e}", mountpoint.display());
