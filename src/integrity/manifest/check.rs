@@ -244,15 +244,26 @@ impl Checked {
 
     /// The error `verify` exits with when anything did not match.
     pub fn error(&self) -> crate::Error {
+        const NAMED: usize = 5;
+        let named: Vec<String> = self
+            .mismatches
+            .iter()
+            .take(NAMED)
+            .map(|x| format!("{}: {}", Escaped(&x.file.to_string_lossy()), x.subject))
+            .collect();
+        let more = self.mismatches.len().saturating_sub(NAMED);
         crate::error::err(
             crate::ErrorKind::Checksum,
             format!(
-                "{} mismatch(es) against manifest {}{}",
+                "{} mismatch(es) against manifest {}: {}{}",
                 self.mismatches.len(),
                 Escaped(&self.manifest.to_string_lossy()),
-                self.mismatches
-                    .first()
-                    .map_or(String::new(), |x| format!("; first: {x}"))
+                named.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
             ),
         )
     }

@@ -632,8 +632,9 @@ impl MountIntegrity {
                         crate::logging::throttled!(
                             log::Level::Error,
                             &format!("manifest mismatch {}", f.path.display()),
-                            "{}: tensor {}: stored bytes have sha256 {}, manifest {} (line {}) says {}; \
-                             every read of this tensor fails with EIO, other tensors are served",
+                            "{}: tensor {}: stored bytes have sha256 {}, which differs from manifest {} \
+                             (line {}: {}); every read of this tensor fails with EIO, other tensors \
+                             are served",
                             Escaped(&f.path.to_string_lossy()),
                             Escaped(&cell.name),
                             hex(&found),
