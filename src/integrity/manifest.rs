@@ -471,6 +471,9 @@ pub fn write_manifest(
         )
         .path(out));
     }
+    // Created first: an output that may not be written (one of the files,
+    // an existing file without --force) is refused before any hashing.
+    let mut output = AtomicOutput::create(&target)?;
     let mut body = Vec::new();
     let mut hashed = 0;
     let total: u64 = sources.iter().map(|s| s.len()).sum();
@@ -483,7 +486,6 @@ pub fn write_manifest(
         body.extend(file_lines(name, &d));
     }
     progress.finish();
-    let mut output = AtomicOutput::create(&target)?;
     output
         .write_all(&body)
         .map_err(|e| Error::io(out, "cannot write manifest", e))?;
