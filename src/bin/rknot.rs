@@ -91,6 +91,7 @@ enum Cmd {
         /// The dense fallback mounted with it, listed too.
         #[arg(long)]
         dense: Option<PathBuf>,
+        /// Where the manifest goes (conventionally next to the files).
         #[arg(short, long, value_name = "OUT.sums")]
         out: PathBuf,
         /// Replace an existing OUT.
