@@ -84,6 +84,18 @@ pub fn open_single(path: &Path, role: Role) -> Result<Box<dyn Backend>> {
 /// layered backend (so its vocab rule applies even without a fallback); a
 /// dense source alone is served directly.
 pub fn open(path: &Path, dense: Option<&Path>) -> Result<Box<dyn Backend>> {
+    let (primary, fallback) = open_parts(path, dense)?;
+    assemble(primary, fallback)
+}
+
+/// A primary and its optional dense fallback, each opened on its own.
+pub type Parts = (Box<dyn Backend>, Option<Box<dyn Backend>>);
+
+/// The two halves of [`open`], each file on its own: a caller that must
+/// look at every tensor of each file (a manifest's header check, which
+/// counts a primary's tensors that the layered table leaves out) does so
+/// between this and [`assemble`].
+pub fn open_parts(path: &Path, dense: Option<&Path>) -> Result<Parts> {
     let primary = open_single(path, Role::Primary)?;
     let fallback = match dense {
         Some(d) => {
@@ -102,9 +114,17 @@ pub fn open(path: &Path, dense: Option<&Path>) -> Result<Box<dyn Backend>> {
         }
         None => None,
     };
+    Ok((primary, fallback))
+}
+
+/// What [`open`] serves from the files [`open_parts`] opened.
+pub fn assemble(
+    primary: Box<dyn Backend>,
+    fallback: Option<Box<dyn Backend>>,
+) -> Result<Box<dyn Backend>> {
     log::debug!(
         "opened {} ({}, {} tensors){}",
-        path.display(),
+        primary.summary().path.display(),
         primary.summary().format,
         primary.tensors().len(),
         fallback.as_ref().map_or(String::new(), |f| format!(

@@ -45,7 +45,8 @@ struct Cli {
     /// Mount options, comma-separated (repeatable): allow_other, allow_root,
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
     /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=, views=,
-    /// jobs_dir=, max_jobs=, nojobs, stop_timeout=.
+    /// jobs_dir=, max_jobs=, nojobs, stop_timeout=, manifest=,
+    /// unverified=hold|allow.
     #[arg(short = 'o', value_name = "OPTIONS")]
     options: Vec<String>,
     /// Directory where `ctl` encoding jobs write their outputs [default: the
@@ -62,6 +63,12 @@ struct Cli {
     /// exits; a second signal does it at once [default: 10].
     #[arg(long, value_name = "SECS")]
     stop_timeout: Option<u64>,
+    /// Check the source files against this sha256sum-format manifest
+    /// (`rknot manifest`, or a plain SHA256SUMS): a file it does not list,
+    /// or whose header differs, is not mounted; a tensor whose bytes differ
+    /// fails its reads with EIO. See -o unverified= for plain SHA256SUMS.
+    #[arg(long, value_name = "FILE.sums")]
+    manifest: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -78,5 +85,6 @@ fn main() -> ExitCode {
         views: c.views,
         jobs_dir: c.jobs_dir,
         stop_timeout: c.stop_timeout,
+        manifest: c.manifest,
     })
 }

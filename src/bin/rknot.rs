@@ -70,15 +70,39 @@ enum Cmd {
         /// Encoded file (.rknot, SK32, dense .knot or GGUF).
         encoded: PathBuf,
         /// The dense model it was encoded from.
-        #[arg(long, conflicts_with = "integrity")]
+        #[arg(long)]
         dense: Option<PathBuf>,
-        /// Only check every stored byte against the checksums the file
-        /// carries (nothing decoded), with progress; exit 1 naming each
-        /// damaged block group or chunk.
+        /// Only check every stored byte of ENCODED (and --dense) against the
+        /// checksums the files carry, and against --manifest when given:
+        /// nothing decoded, with progress; exit 1 naming each damaged block
+        /// group, chunk or tensor.
         #[arg(long)]
         integrity: bool,
         #[arg(long)]
         json: bool,
+        /// Also check ENCODED (and --dense) against this sha256sum-format
+        /// manifest (`rknot manifest`, or a plain SHA256SUMS): whole file,
+        /// header and every tensor it lists; each mismatch is named.
+        #[arg(long, value_name = "FILE.sums")]
+        manifest: Option<PathBuf>,
+    },
+    /// Write a manifest: in sha256sum format, the SHA-256 of FILE (and
+    /// --dense) whole, of its header and of each tensor's stored bytes, for
+    /// `rknot-mount --manifest` and `rknot verify --manifest`. `sha256sum -c
+    /// OUT` in the files' directory checks the whole files with stock tools.
+    /// Written atomically; an existing OUT is replaced only with --force.
+    Manifest {
+        /// Model file (.rknot, SK32, dense .knot or GGUF).
+        file: PathBuf,
+        /// The dense fallback mounted with it, listed too.
+        #[arg(long)]
+        dense: Option<PathBuf>,
+        /// Where the manifest goes (conventionally next to the files).
+        #[arg(short, long, value_name = "OUT.sums")]
+        out: PathBuf,
+        /// Replace an existing OUT.
+        #[arg(long)]
+        force: bool,
     },
     /// Run the model in fp32 over the tensors served (file, layered file
     /// or mounted directory): top-K next tokens, greedy generation,
@@ -249,51 +273,113 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Cmd::Encode { what } => encode(what),
         Cmd::Verify {
             encoded,
+            dense,
             integrity: true,
             json,
-            ..
+            manifest,
         } => {
             let r = rknot::verify::verify_integrity(&encoded, !json);
+            let rd = dense
+                .as_deref()
+                .map(|d| rknot::verify::verify_integrity(d, !json));
+            let checked = match &manifest {
+                Some(m) => Some(check_manifest(m, &encoded, dense.as_deref())?),
+                None => None,
+            };
             let text = if json {
-                let mut s = escape_json_text(serde_json::to_string_pretty(&r.to_json())?);
+                let mut doc = r.to_json();
+                if let Some(obj) = doc.as_object_mut() {
+                    if let Some(d) = &rd {
+                        obj.insert("dense".into(), d.to_json());
+                    }
+                    if let Some(c) = &checked {
+                        obj.insert("manifest".into(), c.to_json());
+                    }
+                }
+                let mut s = escape_json_text(serde_json::to_string_pretty(&doc)?);
                 s.push('\n');
                 s
             } else {
-                r.to_text()
+                let mut t = r.to_text();
+                if let Some(d) = &rd {
+                    t += &d.to_text();
+                }
+                if let Some(c) = &checked {
+                    t += &c.to_text();
+                }
+                t
             };
             write_stdout(text.as_bytes())?;
-            match r.problems().next() {
-                None => Ok(()),
-                Some(first) => Err(Box::new(rknot::Error::new(
+            let problems: Vec<&rknot::Error> = r
+                .problems()
+                .chain(rd.iter().flat_map(|d| d.problems()))
+                .collect();
+            if let Some(first) = problems.first() {
+                Err(Box::new(rknot::Error::new(
                     rknot::ErrorKind::Checksum,
-                    format!(
-                        "{}: {} integrity problem(s); first: {first}",
-                        rknot::text::escape(&r.path),
-                        r.problems().count()
-                    ),
-                ))),
+                    format!("{} checksum problem(s); first: {first}", problems.len()),
+                )))
+            } else if let Some(c) = checked.filter(|c| !c.mismatches.is_empty()) {
+                Err(c.error().into())
+            } else {
+                Ok(())
             }
         }
         Cmd::Verify {
             encoded,
             dense,
             json,
+            manifest,
             ..
         } => {
             let r = rknot::verify::verify(&encoded, dense.as_deref())?;
+            let checked = match &manifest {
+                Some(m) => Some(check_manifest(m, &encoded, dense.as_deref())?),
+                None => None,
+            };
             let text = if json {
-                let mut s = escape_json_text(serde_json::to_string_pretty(&r.to_json())?);
+                let mut doc = r.to_json();
+                if let (Some(c), Some(obj)) = (&checked, doc.as_object_mut()) {
+                    obj.insert("manifest".into(), c.to_json());
+                }
+                let mut s = escape_json_text(serde_json::to_string_pretty(&doc)?);
                 s.push('\n');
                 s
             } else {
-                r.to_text()
+                let mut t = r.to_text();
+                if let Some(c) = &checked {
+                    t += &c.to_text();
+                }
+                t
             };
             write_stdout(text.as_bytes())?;
-            if r.faults.is_empty() {
-                Ok(())
-            } else {
+            if !r.faults.is_empty() {
                 Err(Box::new(rknot::verify::faults_error(&r)))
+            } else if let Some(c) = checked.filter(|c| !c.mismatches.is_empty()) {
+                Err(c.error().into())
+            } else {
+                Ok(())
             }
+        }
+        Cmd::Manifest {
+            file,
+            dense,
+            out,
+            force,
+        } => {
+            let mut files = vec![file.as_path()];
+            files.extend(dense.as_deref());
+            let progress = rknot::integrity::manifest::HashProgress::for_cli();
+            let t0 = std::time::Instant::now();
+            let w = rknot::integrity::manifest::write_manifest(&files, &out, force, &progress)?;
+            eprintln!(
+                "rknot: wrote {} ({} lines; {} bytes hashed in {:.1} s)",
+                rknot::text::escape(&out.to_string_lossy()),
+                w.lines,
+                w.bytes_hashed,
+                t0.elapsed().as_secs_f64()
+            );
+            Ok(())
         }
         Cmd::Probe(a) => rknot::probe::run(a),
         Cmd::Bench {
@@ -451,6 +537,24 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// `verify --manifest`: the files against the manifest (the check itself is
+/// `integrity::manifest::check_paths`).
+fn check_manifest(
+    manifest: &std::path::Path,
+    encoded: &std::path::Path,
+    dense: Option<&std::path::Path>,
+) -> Result<rknot::integrity::manifest::Checked, Box<dyn std::error::Error>> {
+    use rknot::integrity::manifest::{Checked, HashProgress, Manifest, check_paths};
+    let m = Manifest::read(manifest)?;
+    let mut files = vec![encoded];
+    files.extend(dense);
+    let mismatches = check_paths(&files, &m, &HashProgress::for_cli())?;
+    Ok(Checked {
+        manifest: manifest.to_path_buf(),
+        mismatches,
+    })
 }
 
 /// Stream the byte range in chunks so a large tensor never sits in memory.

@@ -2,6 +2,8 @@
 //! its results into replies. No filesystem logic lives here.
 
 use std::ffi::OsStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -23,7 +25,24 @@ const TTL: Duration = Duration::from_secs(3600);
 const MAX_READAHEAD: u32 = 1 << 20;
 
 pub struct FuseAdapter {
-    pub fs: TensorFs,
+    /// Shared with the threads that serve reads held by a manifest check.
+    pub fs: Arc<TensorFs>,
+    /// Reads waiting on their own threads (see `read`).
+    pub held: Arc<AtomicUsize>,
+}
+
+/// Reads that wait for a whole-file check on threads of their own, at
+/// most; further ones wait in the FUSE worker. The kernel itself keeps few
+/// reads outstanding (64 in the background plus one per reading thread).
+const MAX_HELD_READS: usize = 256;
+
+impl FuseAdapter {
+    pub fn new(fs: TensorFs) -> FuseAdapter {
+        FuseAdapter {
+            fs: Arc::new(fs),
+            held: Arc::new(AtomicUsize::new(0)),
+        }
+    }
 }
 
 fn file_attr(a: &Attr) -> FileAttr {
@@ -189,10 +208,34 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self
-            .fs
-            .read_request(req.unique().0, ino.0, fh.0, offset, size)
-        {
+        let unique = req.unique().0;
+        // A read that may wait for a whole-file manifest check (-o
+        // unverified=hold) waits on a thread of its own: with every FUSE
+        // worker waiting, `ctl` (which shows the check's progress) and
+        // `ls` would not answer until the check is done.
+        if self.fs.read_may_wait(ino.0) {
+            if self.held.fetch_add(1, Ordering::AcqRel) < MAX_HELD_READS {
+                let (fs, held) = (self.fs.clone(), self.held.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("rknot-held-read".into())
+                    .spawn(move || {
+                        match fs.read_request(unique, ino.0, fh.0, offset, size) {
+                            Ok(d) => reply.data(d.bytes()),
+                            Err(e) => reply.error(errno(e)),
+                        }
+                        held.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    // The reply went with the closure; dropped unsent,
+                    // fuser answers the read with EIO.
+                    self.held.fetch_sub(1, Ordering::AcqRel);
+                    log::error!("cannot start a thread for a held read: {e}");
+                }
+                return;
+            }
+            self.held.fetch_sub(1, Ordering::AcqRel);
+        }
+        match self.fs.read_request(unique, ino.0, fh.0, offset, size) {
             Ok(d) => reply.data(d.bytes()),
             Err(e) => reply.error(errno(e)),
         }

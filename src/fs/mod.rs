@@ -97,6 +97,9 @@ pub struct FsConfig {
     pub views: ViewSet,
     /// Encoding jobs through `ctl` (None: not offered).
     pub jobs: Option<JobsConfig>,
+    /// Manifest checks of the backend (`--manifest`): reported in `ctl`;
+    /// a failed whole-file check under `unverified=allow` drops the cache.
+    pub integrity: Option<Arc<crate::integrity::manifest::MountIntegrity>>,
 }
 
 /// Where `ctl` encoding jobs read and write.
@@ -122,6 +125,7 @@ impl Default for FsConfig {
             prefetch_max_chunks: 32,
             views: ViewSet::default(),
             jobs: None,
+            integrity: None,
         }
     }
 }
@@ -305,6 +309,17 @@ impl TensorFs {
             cache: BlockCache::new(config.cache_bytes),
             files,
         });
+        if let Some(i) = &config.integrity {
+            // A whole-file check that fails after reads were served
+            // (unverified=allow): what was decoded meanwhile is not served
+            // again. Weak: the checks must not keep the cache alive.
+            let weak = Arc::downgrade(&shared);
+            i.on_failure(move || {
+                if let Some(s) = weak.upgrade() {
+                    s.cache.clear();
+                }
+            });
+        }
         let prefetch = prefetch::Prefetcher::start(
             shared.clone(),
             config.prefetch_threads,
@@ -488,6 +503,26 @@ impl TensorFs {
 
     pub fn n_tensor_files(&self) -> usize {
         self.shared.files.len()
+    }
+
+    /// Whether a read of `ino` may wait for a whole-file manifest check
+    /// (`-o unverified=hold` while one runs): the FUSE adapter serves such
+    /// reads on threads of their own.
+    pub fn read_may_wait(&self, ino: u64) -> bool {
+        let data = (FIRST_TENSOR_INO..JOB_INO_BASE).contains(&ino)
+            || ModelView::ALL.iter().any(|v| v.ino() == ino);
+        data && self.config.integrity.as_ref().is_some_and(|i| i.may_hold())
+    }
+
+    /// Every inode with tensor bytes in it (tensor files in each format,
+    /// model views): what the kernel must forget when bytes it cached are
+    /// withdrawn.
+    pub fn data_inodes(&self) -> Vec<u64> {
+        let mut inos: Vec<u64> = (0..self.shared.files.len())
+            .flat_map(|f| self.ns.formats.iter().map(move |fmt| tensor_ino(f, *fmt)))
+            .collect();
+        inos.extend(self.ns.views.iter().map(|v| v.view.ino()));
+        inos
     }
 
     pub fn cache_stats(&self) -> crate::cache::CacheStats {

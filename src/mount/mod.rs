@@ -31,6 +31,7 @@ use crate::backend::{self, Backend};
 use crate::fs::fuse::FuseAdapter;
 use crate::fs::views::ViewSet;
 use crate::fs::{FsConfig, INDEX_NAME, TensorFs};
+use crate::integrity::manifest::{self as manifest, MountIntegrity};
 
 /// Default decoded-block cache. In the default page-cache mode the kernel
 /// keeps decoded pages itself (FOPEN_KEEP_CACHE), so the daemon's cache
@@ -55,6 +56,9 @@ pub struct MountRequest {
     /// Grace period after the first stop signal (`--stop-timeout`);
     /// overrides `-o stop_timeout=`.
     pub stop_timeout: Option<u64>,
+    /// Manifest the source files are checked against (`--manifest`);
+    /// overrides `-o manifest=`.
+    pub manifest: Option<PathBuf>,
 }
 
 /// A failure before or during mounting: message for the user.
@@ -65,6 +69,8 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 
 struct Prepared {
     backend: Arc<dyn Backend>,
+    /// The manifest checks, when a manifest was given.
+    integrity: Option<Arc<MountIntegrity>>,
     mountpoint: PathBuf,
     fs_config: FsConfig,
     fuse_config: Config,
@@ -90,8 +96,28 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
     let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let source = abs(&req.source);
     let dense = dense.map(|d| abs(&d));
-    let backend: Arc<dyn Backend> =
-        Arc::from(backend::open(&source, dense.as_deref()).map_err(|e| e.to_string())?);
+    let manifest_path = req
+        .manifest
+        .clone()
+        .or_else(|| opts.manifest.as_ref().map(PathBuf::from));
+    // With a manifest, the files are checked before anything is mounted
+    // (a header mismatch or a file it does not list refuses the mount).
+    let (backend, integrity): (Arc<dyn Backend>, _) = match &manifest_path {
+        Some(m) => {
+            let (b, i) = manifest::open_verified(
+                &source,
+                dense.as_deref(),
+                m,
+                opts.unverified.unwrap_or_default(),
+            )
+            .map_err(|e| e.to_string())?;
+            (b, Some(i))
+        }
+        None => (
+            Arc::from(backend::open(&source, dense.as_deref()).map_err(|e| e.to_string())?),
+            None,
+        ),
+    };
     let cache_mb = req.cache_mb.or(opts.cache_mb).unwrap_or(DEFAULT_CACHE_MB);
     let threads = req
         .threads
@@ -114,6 +140,7 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         prefetch_threads: opts.prefetch_threads.unwrap_or_else(n_cpus),
         views: req.views.or(opts.views).unwrap_or_default(),
         jobs: jobs_config(req, &opts, &source)?,
+        integrity: integrity.clone(),
         ..FsConfig::default()
     };
     let mut fuse_config = Config::default();
@@ -130,6 +157,7 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         .unwrap_or_else(|| default_log_file(&mountpoint));
     Ok(Prepared {
         backend,
+        integrity,
         mountpoint,
         fs_config,
         fuse_config,
@@ -372,7 +400,15 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     release_free_memory();
     let direct_io = fs.direct_io();
     let n_files = fs.n_tensor_files();
-    let mut session = match Session::new(FuseAdapter { fs }, &mountpoint, &prep.fuse_config) {
+    // Under unverified=allow a failed whole-file check withdraws what was
+    // served: the kernel must forget the pages it cached of every file
+    // with tensor bytes (the daemon's own cache is dropped by `fs`).
+    let withdraw = prep
+        .integrity
+        .as_ref()
+        .filter(|i| i.unverified() == manifest::Unverified::Allow)
+        .map(|_| fs.data_inodes());
+    let mut session = match Session::new(FuseAdapter::new(fs), &mountpoint, &prep.fuse_config) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {}: {e}", mountpoint.display());
@@ -384,6 +420,20 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
             return fail(msg);
         }
     };
+    if let Some(i) = &prep.integrity {
+        if let Some(inos) = withdraw {
+            let notifier = session.notifier();
+            i.on_failure(move || {
+                for &ino in &inos {
+                    // ENOENT for inodes the kernel never looked up.
+                    let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
+                }
+            });
+        }
+        // Whole-file checks run on their own threads, which exist only
+        // from here on (after the fork of background mode).
+        i.start();
+    }
     log::info!(
         "mounted {} at {} ({}, {} tensor files, {})",
         summary.path.display(),

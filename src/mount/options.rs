@@ -3,6 +3,7 @@
 use fuser::{MountOption, SessionACL};
 
 use crate::fs::views::{ElemFormat, ViewSet};
+use crate::integrity::manifest::Unverified;
 
 /// Everything `-o` can set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,12 +25,17 @@ pub struct MountOpts {
     pub no_jobs: bool,
     /// Seconds between the first stop signal and aborting the connection.
     pub stop_timeout: Option<u64>,
+    /// sha256sum-format manifest the source files are checked against.
+    pub manifest: Option<String>,
+    /// What reads do while a whole-file check runs.
+    pub unverified: Option<Unverified>,
 }
 
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
 uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
 prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
-noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs; stop_timeout=SECS";
+noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs; stop_timeout=SECS; \
+integrity: manifest=FILE.sums, unverified=hold|allow";
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -88,6 +94,12 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
             ("max_jobs", Some(v)) => o.max_jobs = Some(num(key, v)?),
             ("nojobs", None) => o.no_jobs = true,
             ("stop_timeout", Some(v)) => o.stop_timeout = Some(num(key, v)?),
+            ("manifest", Some(v)) if !v.is_empty() => o.manifest = Some(v.to_string()),
+            ("unverified", Some(v)) => {
+                o.unverified = Some(Unverified::parse(v).ok_or_else(|| {
+                    format!("mount option unverified={v:?}: expected hold or allow")
+                })?);
+            }
             ("views", Some(v)) => {
                 views = Some(v.to_string());
                 views_open = true;
@@ -230,6 +242,28 @@ mod tests {
             p(&["views=f32,f64"])
                 .unwrap_err()
                 .contains("unknown view \"f64\"")
+        );
+    }
+
+    #[test]
+    fn manifest_options() {
+        let o = p(&["manifest=/srv/m.sums,unverified=allow"]).unwrap();
+        assert_eq!(o.manifest.as_deref(), Some("/srv/m.sums"));
+        assert_eq!(o.unverified, Some(Unverified::Allow));
+        assert_eq!(
+            p(&["unverified=hold"]).unwrap().unverified,
+            Some(Unverified::Hold)
+        );
+        assert_eq!(p(&[]).unwrap().unverified, None);
+        assert!(
+            p(&["unverified=maybe"])
+                .unwrap_err()
+                .contains("expected hold or allow")
+        );
+        assert!(
+            p(&["manifest="])
+                .unwrap_err()
+                .contains("unknown mount option")
         );
     }
 
