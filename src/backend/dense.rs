@@ -196,8 +196,7 @@ pub(crate) fn read_ggml_f32(
             .path(src.path())
             .at(off)
     };
-    scratch::with_bytes(((b1 - b0) * bb) as usize, |raw| {
-        read_stored_bytes(src, offset, sums, b0 * bb, raw, &info.name.dot)?;
+    let mut decode = |raw: &[u8]| {
         if b0 * be == first_elem && b1 * be == end {
             quant::dequantize(ty, raw, out).map_err(kernel_err)
         } else {
@@ -208,7 +207,17 @@ pub(crate) fn read_ggml_f32(
                 Ok(())
             })
         }
-    })
+    };
+    let len = (b1 - b0) * bb;
+    match sums {
+        // Decoded where the verified chunks were read: no copy.
+        Some(s) => s.with_verified(src, offset, b0 * bb, len, &info.name.dot, decode),
+        None => scratch::with_bytes(len as usize, |raw| {
+            src.read_at(off, raw)
+                .map_err(|e| e.tensor(&info.name.dot))?;
+            decode(raw)
+        }),
+    }
 }
 
 /// One tensor as a dense reader found it, in the served (outer-first) shape.

@@ -31,9 +31,9 @@ pub const KSUM_LEN: u64 = 8;
 
 /// Stored bytes per checksum for tensors kept as ggml blocks and for
 /// sketches, as writers choose it: a read verifies whole chunks, so a
-/// small one bounds what a short read pays (at most two chunks over its
-/// own bytes), and 64 KiB keeps the values to 0.006% of the data.
-pub const WRITE_CHUNK: u64 = 64 << 10;
+/// small one bounds what a read pays beyond its own bytes (at most two
+/// chunks), and 16 KiB keeps the values to 0.025% of the data.
+pub const WRITE_CHUNK: u64 = 16 << 10;
 /// Largest chunk readers accept: a read holds one chunk in memory.
 pub const MAX_CHUNK: u64 = 64 << 20;
 /// What writers aim a .rknot block group at: about 8 KiB of blocks per
@@ -173,8 +173,9 @@ impl ChunkSums {
 
     /// Read bytes `[offset, offset + buf.len())` of a tensor whose stored
     /// bytes start at absolute `base` of `src`, verifying every chunk the
-    /// range touches (the whole chunks are read). The caller has checked
-    /// the range against the tensor's length, which the sums cover.
+    /// range touches (the whole chunks are read, with one pread). The
+    /// caller has checked the range against the tensor's length, which the
+    /// sums cover.
     pub fn read_verified(
         &self,
         src: &SourceFile,
@@ -187,41 +188,90 @@ impl ChunkSums {
             return Ok(());
         }
         let end = offset + buf.len() as u64;
-        let (c0, c1) = (offset / self.chunk, end.div_ceil(self.chunk));
-        let lo = c0 * self.chunk;
+        let lo = offset / self.chunk * self.chunk;
         // The last chunk may be short: the tensor's end bounds the read.
-        let hi = (c1 * self.chunk).min(self.len);
-        let mut chunk_buf = Vec::new();
-        let mut at = lo;
-        while at < hi && at < end {
-            let ci = at / self.chunk;
-            let n = self.chunk.min(hi - at);
-            chunk_buf.resize(n as usize, 0);
-            src.read_at(base + at, &mut chunk_buf)
+        let hi = (end.div_ceil(self.chunk) * self.chunk).min(self.len);
+        if lo == offset && hi == end {
+            // Whole chunks: straight into the caller's buffer.
+            src.read_at(base + lo, buf).map_err(|e| e.tensor(tensor))?;
+            return self.verify_span(src, base, lo, buf, tensor);
+        }
+        self.with_verified(src, base, offset, buf.len() as u64, tensor, |bytes| {
+            buf.copy_from_slice(bytes);
+            Ok(())
+        })
+    }
+
+    /// Call `f` with the verified stored bytes `[offset, offset + len)`
+    /// (`len > 0`, inside the tensor), read as whole chunks with one pread
+    /// into a buffer the thread keeps: a decoder reads them where they are,
+    /// without a copy. `f` must not read through checksums itself.
+    pub fn with_verified<R>(
+        &self,
+        src: &SourceFile,
+        base: u64,
+        offset: u64,
+        len: u64,
+        tensor: &str,
+        f: impl FnOnce(&[u8]) -> Result<R>,
+    ) -> Result<R> {
+        let end = offset + len;
+        let lo = offset / self.chunk * self.chunk;
+        let hi = (end.div_ceil(self.chunk) * self.chunk).min(self.len);
+        SPAN.with(|cell| {
+            let mut span = cell.borrow_mut();
+            span.resize((hi - lo) as usize, 0);
+            src.read_at(base + lo, &mut span)
                 .map_err(|e| e.tensor(tensor))?;
+            self.verify_span(src, base, lo, &span, tensor)?;
+            let r = f(&span[(offset - lo) as usize..(end - lo) as usize]);
+            // A huge read must not pin its buffer in the thread for good.
+            if span.capacity() > SPAN_KEEP {
+                *span = Vec::new();
+            }
+            r
+        })
+    }
+
+    /// Check the chunks of `bytes`, the stored bytes from `lo` (a chunk
+    /// boundary) on.
+    fn verify_span(
+        &self,
+        src: &SourceFile,
+        base: u64,
+        lo: u64,
+        bytes: &[u8],
+        tensor: &str,
+    ) -> Result<()> {
+        for (k, piece) in bytes.chunks(self.chunk as usize).enumerate() {
+            let at = lo + k as u64 * self.chunk;
+            let ci = at / self.chunk;
             let stored = self.values.get(ci as usize).copied().unwrap_or(0);
-            let actual = crc32(&chunk_buf);
+            let actual = crc32(piece);
             if actual != stored {
                 return Err(chunk_mismatch(
                     src,
                     tensor,
                     ci,
                     base + at,
-                    n,
+                    piece.len() as u64,
                     stored,
                     actual,
                 ));
             }
-            let copy_lo = offset.max(at);
-            let copy_hi = end.min(at + n);
-            if copy_lo < copy_hi {
-                buf[(copy_lo - offset) as usize..(copy_hi - offset) as usize]
-                    .copy_from_slice(&chunk_buf[(copy_lo - at) as usize..(copy_hi - at) as usize]);
-            }
-            at += n;
         }
         Ok(())
     }
+}
+
+/// Largest span buffer a thread keeps between reads.
+const SPAN_KEEP: usize = 8 << 20;
+
+thread_local! {
+    /// The chunk-aligned span a read that is not itself chunk-aligned is
+    /// read into (one per thread, reused: a fresh large buffer per read
+    /// would be an mmap and page faults each time).
+    static SPAN: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn chunk_mismatch(
