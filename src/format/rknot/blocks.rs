@@ -66,8 +66,12 @@ impl BlockTable {
     }
 
     /// Absolute offset and byte length of blocks `[b0, b1)` (`b0 < b1 <=
-    /// n`), which lie back to back in version 3; None otherwise.
+    /// n`), which lie back to back in version 3; None otherwise (version 2
+    /// lists each block wherever it likes).
     pub fn span(&self, b0: u64, b1: u64) -> Option<(u64, u64)> {
+        if let BlockTable::Listed(_) = self {
+            return None;
+        }
         let (start, _) = self.get(b0)?;
         let (last, len) = self.get(b1.checked_sub(1)?)?;
         Some((start, last.checked_add(u64::from(len))?.checked_sub(start)?))
