@@ -48,35 +48,41 @@ pub fn scan(parsed: &ParsedFile, progress: &mut dyn FnMut(u64, u64)) -> ScanRepo
     let mut r = ScanReport::default();
     // Per tensor: its name and its units in file order.
     let mut plan: Vec<(String, Vec<Unit>)> = Vec::new();
+    // Tensors checked in chunks: (name, sums, absolute offset).
+    let mut chunked = |entries: &mut dyn Iterator<Item = (&String, Option<&ChunkSums>, u64)>| {
+        for (name, sums, offset) in entries {
+            if let Some(s) = sums {
+                plan.push((name.clone(), chunk_units(s, offset)));
+            }
+        }
+    };
     let src = match parsed {
         ParsedFile::Rknot(src, f) => {
             r.checked = f.layout.ksum.is_some();
-            for t in &f.tensors {
-                plan.push((t.name.clone(), group_units(t)));
-            }
-            for d in &f.dense {
-                if let Some(s) = &d.sums {
-                    plan.push((d.name.clone(), chunk_units(s, d.offset)));
-                }
-            }
+            chunked(&mut f.dense.iter().map(|d| (&d.name, d.sums.as_ref(), d.offset)));
+            // The compressed tensors come first in the file's order.
+            let groups = f.tensors.iter().map(|t| (t.name.clone(), group_units(t)));
+            plan.splice(0..0, groups);
             src
         }
         ParsedFile::Sk32(src, f) => {
             r.checked = f.checked;
-            for s in &f.sketches {
-                if let Some(sums) = &s.sums {
-                    plan.push((s.name.clone(), chunk_units(sums, s.offset)));
-                }
-            }
+            chunked(
+                &mut f
+                    .sketches
+                    .iter()
+                    .map(|s| (&s.name, s.sums.as_ref(), s.offset)),
+            );
             src
         }
         ParsedFile::DenseKnot(src, f) => {
             r.checked = f.checked;
-            for t in &f.tensors {
-                if let Some(sums) = &t.sums {
-                    plan.push((t.name.clone(), chunk_units(sums, t.offset)));
-                }
-            }
+            chunked(
+                &mut f
+                    .tensors
+                    .iter()
+                    .map(|t| (&t.name, t.sums.as_ref(), t.offset)),
+            );
             src
         }
         ParsedFile::Gguf(..) => return r,
