@@ -137,3 +137,55 @@ fn both_versions_layer_over_the_dense_fallback() {
         );
     }
 }
+
+/// Version 2 lists each block where it likes: the fixture with its body's
+/// blocks stored in reverse order (and listed so) serves the same bytes. The
+/// read path batches the blocks of a version-3 file, which lie back to back;
+/// a version-2 table must never be read as a run.
+#[test]
+fn version_2_blocks_listed_out_of_order_serve_the_same_bytes() {
+    let file = "tiny-llama.faithful5.v2.rknot";
+    let bytes = std::fs::read(fixtures().join(file)).unwrap();
+    let header_len = u32::from_le_bytes(bytes[6..10].try_into().unwrap()) as usize;
+    let body = &bytes[10 + header_len..];
+    let mut h: serde_json::Value = serde_json::from_slice(&bytes[10..10 + header_len]).unwrap();
+    // Every block, in listing order, then laid out in reverse.
+    let mut listed: Vec<(usize, usize, u64, u64)> = Vec::new();
+    for (li, layer) in h["layers"].as_array().unwrap().iter().enumerate() {
+        for (ti, t) in layer["tensors"].as_array().unwrap().iter().enumerate() {
+            for b in t["blocks"].as_array().unwrap() {
+                listed.push((li, ti, b[0].as_u64().unwrap(), b[1].as_u64().unwrap()));
+            }
+        }
+    }
+    let mut new_body = Vec::new();
+    let mut new_offsets = vec![0u64; listed.len()];
+    for (i, &(_, _, off, len)) in listed.iter().enumerate().rev() {
+        new_offsets[i] = new_body.len() as u64;
+        new_body.extend_from_slice(&body[off as usize..(off + len) as usize]);
+    }
+    let mut k = 0;
+    for layer in h["layers"].as_array_mut().unwrap() {
+        for t in layer["tensors"].as_array_mut().unwrap() {
+            for b in t["blocks"].as_array_mut().unwrap() {
+                b[0] = serde_json::json!(new_offsets[k]);
+                k += 1;
+            }
+        }
+    }
+    let header = serde_json::to_vec(&h).unwrap();
+    let mut out = b"RKNOT\x02".to_vec();
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&new_body);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("reversed.rknot");
+    std::fs::write(&path, out).unwrap();
+    let b = backend::open(&path, None).unwrap();
+    let all = expected();
+    assert_serves(
+        b.as_ref(),
+        all[file].as_object().unwrap(),
+        "blocks reversed",
+    );
+}

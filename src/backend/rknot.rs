@@ -219,8 +219,32 @@ impl<'a> BlockBytes<'a> {
                 start
             }
         };
-        let rel = (off - start) as usize;
-        Ok((off, &self.buf[rel..rel + len as usize]))
+        self.slice(src, b, off, start, len)
+    }
+
+    /// Block `b`'s bytes (at `off`, `len` long) in `buf`, which holds the
+    /// bytes from `start`: checked, so a table that broke the back-to-back
+    /// rule fails this read instead of the daemon.
+    fn slice(
+        &self,
+        src: &SourceFile,
+        b: u64,
+        off: u64,
+        start: u64,
+        len: u32,
+    ) -> Result<(u64, &[u8])> {
+        off.checked_sub(start)
+            .and_then(|rel| self.buf.get(rel as usize..rel as usize + len as usize))
+            .map(|bytes| (off, bytes))
+            .ok_or_else(|| {
+                crate::Error::new(
+                    ErrorKind::OutOfBounds,
+                    format!("block {b}: not inside the run of blocks read with it"),
+                )
+                .tensor(&self.t.name)
+                .path(src.path())
+                .at(off)
+            })
     }
 
     /// Without checksums: block `b` (at `off`, `len` bytes) from a run of
@@ -252,8 +276,7 @@ impl<'a> BlockBytes<'a> {
                 off
             }
         };
-        let rel = (off - start) as usize;
-        Ok((off, &self.buf[rel..rel + len as usize]))
+        self.slice(src, b, off, start, len)
     }
 }
 
