@@ -315,3 +315,30 @@ fn the_mount_fails_only_the_damaged_tensor_and_counts_it() {
     assert!(std::fs::read(m.path(&format!("{q}.f32"))).is_err());
     let _ = &f.dir;
 }
+
+/// Files written before checksums existed (the same files with the record
+/// and every checksum field removed) open as unchecked and serve exactly
+/// the same bytes: the read path without checksums (blocks read in runs)
+/// agrees with the one with them.
+#[test]
+fn files_without_checksums_serve_the_same_bytes() {
+    let f = encoded();
+    for p in [&f.rknot, &f.sk32, &f.knot] {
+        let plain = p.with_extension(format!(
+            "plain.{}",
+            p.extension().unwrap().to_str().unwrap()
+        ));
+        rknot::bench::strip_checksums(p, &plain).unwrap();
+        let b = backend::open_single(&plain, Role::Primary).unwrap();
+        assert!(!b.summary().checked, "{}", plain.display());
+        let want = decode_all(p);
+        let got = decode_all(&plain);
+        assert_eq!(want.len(), got.len());
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            assert_eq!(g.as_ref().unwrap(), w.as_ref().unwrap(), "{name}");
+        }
+        let o = run_rknot(&["verify", "--integrity", plain.to_str().unwrap()]);
+        assert!(o.status.success());
+        assert!(String::from_utf8_lossy(&o.stdout).contains("unchecked"));
+    }
+}

@@ -30,7 +30,7 @@ use crate::format::meta::{MetaValue, Metadata};
 use crate::format::sk32::write_sk32;
 use crate::quant::GgmlType;
 use crate::synth::{self, Rng};
-pub use checksums::checksums_bench;
+pub use checksums::{checksums_bench, strip_checksums};
 
 type BResult<T> = std::result::Result<T, String>;
 
