@@ -81,3 +81,30 @@ fn inspect_and_cat_a_sketch() {
     ]);
     assert_eq!(part.stdout, &whole.stdout[7..20]);
 }
+
+fn run_mount(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_rknot-mount"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `--version`: the version, the git commit built from (12 hex digits, or
+/// "unknown" outside a git checkout) and the enabled features.
+#[test]
+fn version_names_commit_and_features() {
+    let re = regex::Regex::new(&format!(
+        r"^(rknot|rknot-mount) {} \(git ([0-9a-f]{{12}}|unknown), features: [a-z0-9,-]+\)\n$",
+        regex::escape(env!("CARGO_PKG_VERSION"))
+    ))
+    .unwrap();
+    for (o, name) in [
+        (run_rknot(&["--version"]), "rknot"),
+        (run_mount(&["--version"]), "rknot-mount"),
+    ] {
+        assert!(o.status.success());
+        let t = String::from_utf8(o.stdout).unwrap();
+        assert!(re.is_match(&t), "{t:?}");
+        assert!(t.starts_with(&format!("{name} ")), "{t:?}");
+    }
+}

@@ -13,7 +13,7 @@ use rknot::mount::{self, MountRequest};
 #[derive(Parser)]
 #[command(
     name = "rknot-mount",
-    version,
+    version = rknot::LONG_VERSION,
     about = "Mount a .rknot, SK32, dense .knot or GGUF model read-only: every tensor becomes a file of raw little-endian f32, and the model a model.safetensors and a model.gguf engines load directly",
     after_help = "Unmount with `fusermount3 -u MOUNTPOINT` (or `umount`), or send SIGTERM/SIGINT to the daemon: \
                   it cancels its encoding jobs and unmounts; files still open on the mount are cut off \

@@ -13,7 +13,7 @@ use rknot::text::escape_json_text;
 #[derive(Parser)]
 #[command(
     name = "rknot",
-    version,
+    version = rknot::LONG_VERSION,
     about = "Inspect and decode .rknot, SK32, dense .knot and GGUF model files"
 )]
 struct Cli {
