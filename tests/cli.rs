@@ -108,3 +108,66 @@ fn version_names_commit_and_features() {
         assert!(t.starts_with(&format!("{name} ")), "{t:?}");
     }
 }
+
+fn demo(name: &str) -> String {
+    format!("{}/demo/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Exit 2 and `want` in the message (a usage error).
+fn assert_usage(o: &std::process::Output, want: &str) {
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains(want), "want {want:?} in {e}");
+}
+
+/// rknot-mount: clap's usage errors and the -o parser's exit 2, before
+/// anything is opened or mounted (the mountpoint does not even exist).
+#[test]
+fn mount_usage_errors_exit_2() {
+    let gguf = demo("tiny-llama.gguf");
+    let mp = "/nonexistent/rknot-cli-test-mp";
+    let m = |extra: &[&str]| {
+        let mut a = vec![gguf.as_str(), mp];
+        a.extend(extra);
+        run_mount(&a)
+    };
+    assert_usage(&m(&["--frobnicate"]), "unexpected argument '--frobnicate'");
+    assert_usage(&run_mount(&[&gguf]), "required arguments were not provided");
+    assert_usage(&m(&["--views", "f64"]), "f64");
+    assert_usage(&m(&["--stop-timeout", "soon"]), "--stop-timeout");
+    assert_usage(
+        &m(&["-o", "frobnicate"]),
+        "unknown mount option \"frobnicate\"",
+    );
+    assert_usage(&m(&["-o", "rw"]), "always read-only");
+    assert_usage(&m(&["-o", "uid=abc"]), "not a number");
+    assert_usage(&m(&["-o", "unverified=maybe"]), "expected hold or allow");
+    assert_usage(&m(&["-o", "views=f32,f64"]), "unknown view \"f64\"");
+    assert_usage(&m(&["-o", "chunk_kb=2"]), "a chunk is 4..=16384 KiB");
+    assert_usage(&m(&["-o", "threads=0"]), "at least 1");
+    assert_usage(&m(&["--threads", "0"]), "at least 1");
+    // A runtime error (here the missing mountpoint) is 1.
+    let o = m(&[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A cache below the minimum the daemon can work with (one 1 MiB chunk)
+/// is refused, naming the minimum, on the flag and as -o.
+#[test]
+fn mount_refuses_cache_below_minimum() {
+    let gguf = demo("tiny-llama.gguf");
+    let mp = "/nonexistent/rknot-cli-test-mp";
+    assert_usage(
+        &run_mount(&[&gguf, mp, "--cache-mb", "0"]),
+        "below the minimum cache of 1 MiB",
+    );
+    assert_usage(
+        &run_mount(&[&gguf, mp, "-o", "cache_mb=0"]),
+        "below the minimum cache of 1 MiB",
+    );
+}
