@@ -171,3 +171,127 @@ fn mount_refuses_cache_below_minimum() {
         "below the minimum cache of 1 MiB",
     );
 }
+
+/// rknot: clap's usage errors are 2, runtime errors 1.
+#[test]
+fn usage_errors_exit_2_runtime_errors_1() {
+    let gguf = demo("tiny-llama.gguf");
+    assert_usage(
+        &run_rknot(&["inspect", &gguf, "--frobnicate"]),
+        "--frobnicate",
+    );
+    assert_usage(&run_rknot(&["cat", &gguf]), "required arguments");
+    assert_usage(
+        &run_rknot(&["cat", &gguf, "x", "--offset", "many"]),
+        "invalid value 'many' for '--offset",
+    );
+    assert_usage(&run_rknot(&["inspect", &gguf, "--full"]), "--json");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.rknot");
+    assert_usage(
+        &run_rknot(&[
+            "encode",
+            "rknot",
+            &gguf,
+            "-o",
+            out.to_str().unwrap(),
+            "--profile",
+            "fast",
+        ]),
+        "unknown --profile \"fast\"",
+    );
+    assert!(!out.exists());
+    let o = run_rknot(&["inspect", "/nonexistent/m.gguf"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn encode_rank_0_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.sk32");
+    let o = run_rknot(&[
+        "encode",
+        "sk32",
+        &demo("tiny-llama.gguf"),
+        "-o",
+        out.to_str().unwrap(),
+        "--rank",
+        "0",
+    ]);
+    assert_usage(
+        &o,
+        "invalid value '0' for '--rank <RANK>': must be at least 1",
+    );
+    assert!(!out.exists());
+}
+
+/// An offset at or past the tensor's end is refused (it printed nothing
+/// and succeeded); the last byte still reads.
+#[test]
+fn cat_offset_past_the_end_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = sketch_file(dir.path());
+    let p = p.to_str().unwrap();
+    // 3 x 5 f32: 60 bytes.
+    for off in ["60", "1000000"] {
+        let o = run_rknot(&["cat", p, "blk.2.attn_output.weight", "--offset", off]);
+        assert_usage(
+            &o,
+            &format!(
+                "--offset {off} is past the end of tensor blk.2.attn_output.weight \
+                 (60 bytes: offsets 0..=59)"
+            ),
+        );
+        assert!(o.stdout.is_empty());
+    }
+    let o = run_rknot(&["cat", p, "blk.2.attn_output.weight", "--offset", "59"]);
+    assert!(o.status.success());
+    assert_eq!(o.stdout.len(), 1);
+}
+
+#[test]
+fn bench_mount_rounds_0_is_refused() {
+    assert_usage(
+        &run_rknot(&["bench", "mount", "--rounds", "0"]),
+        "invalid value '0' for '--rounds <ROUNDS>': must be at least 1",
+    );
+}
+
+#[test]
+fn bench_mount_size_below_64_mib_is_refused() {
+    assert_usage(
+        &run_rknot(&["bench", "mount", "--size-mb", "63"]),
+        "invalid value '63' for '--size-mb <SIZE_MB>': must be at least 64 (MiB)",
+    );
+}
+
+#[test]
+fn bench_mount_random_reads_0_is_refused() {
+    assert_usage(
+        &run_rknot(&["bench", "mount", "--random-reads", "0"]),
+        "invalid value '0' for '--random-reads <RANDOM_READS>': must be at least 1",
+    );
+}
+
+/// The lossy encoders take a dense model only: an SK32 or a .rknot as
+/// input (it used to be re-encoded, compounding its error) is refused
+/// before anything is written.
+#[test]
+fn encode_from_a_lossy_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (what, input, format) in [
+        ("sk32", "tiny-llama.sk32", "sk32"),
+        ("sk32", "tiny-llama.rknot", "rknot"),
+        ("rknot", "tiny-llama.rknot", "rknot"),
+        ("rknot", "tiny-llama.sk32", "sk32"),
+    ] {
+        let out = dir.path().join(format!("out.{what}"));
+        let o = run_rknot(&["encode", what, &demo(input), "-o", out.to_str().unwrap()]);
+        assert_usage(
+            &o,
+            &format!("encode {what} encodes a dense model (GGUF or dense .knot); this is {format}"),
+        );
+        assert!(String::from_utf8_lossy(&o.stderr).contains(input));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{input}");
+    }
+}
