@@ -295,3 +295,49 @@ fn encode_from_a_lossy_file_is_refused() {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{input}");
     }
 }
+
+/// `rknot completions SHELL [--mount]` prints a script; an unknown shell
+/// is a usage error.
+#[test]
+fn completions_for_both_binaries() {
+    let o = run_rknot(&["completions", "bash"]);
+    assert!(o.status.success());
+    let t = String::from_utf8(o.stdout).unwrap();
+    assert!(t.contains("_rknot()") && t.contains("encode"), "{t}");
+    let o = run_rknot(&["completions", "zsh", "--mount"]);
+    assert!(o.status.success());
+    let t = String::from_utf8(o.stdout).unwrap();
+    assert!(t.starts_with("#compdef rknot-mount") && t.contains("--cache-mb"));
+    let o = run_rknot(&["completions", "fish"]);
+    assert!(o.status.success());
+    assert_usage(&run_rknot(&["completions", "tcsh"]), "invalid value 'tcsh'");
+}
+
+/// `rknot manpage --out DIR`: rknot(1), a page per subcommand and
+/// rknot-mount(1); without --out, rknot(1) on stdout.
+#[test]
+fn manpages_for_commands_subcommands_and_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_rknot(&["manpage", "--out", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = common::listing(dir.path());
+    for want in [
+        "rknot.1",
+        "rknot-cat.1",
+        "rknot-encode-sk32.1",
+        "rknot-bench-mount.1",
+        "rknot-completions.1",
+        "rknot-mount.1",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.contains("help")), "{names:?}");
+    let mount = std::fs::read_to_string(dir.path().join("rknot-mount.1")).unwrap();
+    assert!(mount.contains(".TH rknot-mount 1") && mount.contains("cache\\-mb"));
+    let o = run_rknot(&["manpage"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8(o.stdout).unwrap().contains(".TH rknot 1"));
+    let o = run_rknot(&["manpage", "--out", "/nonexistent/man1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/man1/rknot.1"));
+}

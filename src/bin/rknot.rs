@@ -117,6 +117,24 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+    /// Print a shell completion script to stdout, e.g. `rknot completions
+    /// bash > /etc/bash_completion.d/rknot`.
+    Completions {
+        /// The shell the script is for.
+        shell: clap_complete::Shell,
+        /// Complete rknot-mount instead of rknot.
+        #[arg(long)]
+        mount: bool,
+    },
+    /// Write the man pages: rknot(1), one per subcommand (rknot-cat(1),
+    /// rknot-encode-sk32(1), ...) and rknot-mount(1), into --out; without
+    /// --out, print rknot(1) to stdout.
+    Manpage {
+        /// Directory for the pages, e.g. /usr/local/share/man/man1 (must
+        /// exist; pages there are replaced).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -489,6 +507,29 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Cmd::Probe(a) => rknot::probe::run(a),
+        Cmd::Completions { shell, mount } => {
+            let (mut cmd, name) = if mount {
+                (rknot::mount::cli::MountCli::command(), "rknot-mount")
+            } else {
+                (Cli::command(), "rknot")
+            };
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, name, &mut script);
+            write_stdout(&script)
+        }
+        Cmd::Manpage { out: None } => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            write_stdout(&page)
+        }
+        Cmd::Manpage { out: Some(dir) } => {
+            for cmd in [Cli::command(), rknot::mount::cli::MountCli::command()] {
+                let mut cmd = cmd.disable_help_subcommand(true);
+                cmd.build();
+                write_manpages(&cmd, &dir)?;
+            }
+            Ok(())
+        }
         Cmd::Bench {
             what:
                 BenchCmd::Mount {
@@ -711,6 +752,24 @@ fn cat(
         pos += n as u64;
     }
     out.flush().or_else(quiet_pipe)
+}
+
+/// The man page of `cmd` and of each of its subcommands, into `dir`.
+fn write_manpages(
+    cmd: &clap::Command,
+    dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let man = clap_mangen::Man::new(cmd.clone());
+    let path = dir.join(man.get_filename());
+    let shown = || rknot::text::escape(&path.to_string_lossy()).to_string();
+    let mut page = Vec::new();
+    man.render(&mut page)?;
+    std::fs::write(&path, page).map_err(|e| format!("cannot write {}: {e}", shown()))?;
+    eprintln!("rknot: wrote {}", shown());
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_manpages(sub, dir)?;
+    }
+    Ok(())
 }
 
 fn write_stdout(bytes: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
