@@ -29,3 +29,9 @@ pub mod text;
 pub mod verify;
 
 pub use error::{Error, ErrorKind, Result};
+
+/// What `--version` prints after the program's name: the crate version, the
+/// git commit it was built from ("unknown" outside a git checkout) and the
+/// enabled cargo features, e.g. `0.1.0 (git 1a2b3c4d5e6f, features: none)`
+/// (made by build.rs).
+pub const LONG_VERSION: &str = env!("RKNOT_LONG_VERSION");

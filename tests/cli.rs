@@ -81,3 +81,263 @@ fn inspect_and_cat_a_sketch() {
     ]);
     assert_eq!(part.stdout, &whole.stdout[7..20]);
 }
+
+fn run_mount(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_rknot-mount"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `--version`: the version, the git commit built from (12 hex digits, or
+/// "unknown" outside a git checkout) and the enabled features.
+#[test]
+fn version_names_commit_and_features() {
+    let re = regex::Regex::new(&format!(
+        r"^(rknot|rknot-mount) {} \(git ([0-9a-f]{{12}}|unknown), features: [a-z0-9,-]+\)\n$",
+        regex::escape(env!("CARGO_PKG_VERSION"))
+    ))
+    .unwrap();
+    for (o, name) in [
+        (run_rknot(&["--version"]), "rknot"),
+        (run_mount(&["--version"]), "rknot-mount"),
+    ] {
+        assert!(o.status.success());
+        let t = String::from_utf8(o.stdout).unwrap();
+        assert!(re.is_match(&t), "{t:?}");
+        assert!(t.starts_with(&format!("{name} ")), "{t:?}");
+    }
+}
+
+fn demo(name: &str) -> String {
+    format!("{}/demo/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Exit 2 and `want` in the message (a usage error).
+fn assert_usage(o: &std::process::Output, want: &str) {
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains(want), "want {want:?} in {e}");
+}
+
+/// rknot-mount: clap's usage errors and the -o parser's exit 2, before
+/// anything is opened or mounted (the mountpoint does not even exist).
+#[test]
+fn mount_usage_errors_exit_2() {
+    let gguf = demo("tiny-llama.gguf");
+    let mp = "/nonexistent/rknot-cli-test-mp";
+    let m = |extra: &[&str]| {
+        let mut a = vec![gguf.as_str(), mp];
+        a.extend(extra);
+        run_mount(&a)
+    };
+    assert_usage(&m(&["--frobnicate"]), "unexpected argument '--frobnicate'");
+    assert_usage(&run_mount(&[&gguf]), "required arguments were not provided");
+    assert_usage(&m(&["--views", "f64"]), "f64");
+    assert_usage(&m(&["--stop-timeout", "soon"]), "--stop-timeout");
+    assert_usage(
+        &m(&["-o", "frobnicate"]),
+        "unknown mount option \"frobnicate\"",
+    );
+    assert_usage(&m(&["-o", "rw"]), "always read-only");
+    assert_usage(&m(&["-o", "uid=abc"]), "not a number");
+    assert_usage(&m(&["-o", "unverified=maybe"]), "expected hold or allow");
+    assert_usage(&m(&["-o", "views=f32,f64"]), "unknown view \"f64\"");
+    assert_usage(&m(&["-o", "chunk_kb=2"]), "a chunk is 4..=16384 KiB");
+    assert_usage(&m(&["-o", "threads=0"]), "at least 1");
+    assert_usage(&m(&["--threads", "0"]), "at least 1");
+    // A runtime error (here the missing mountpoint) is 1.
+    let o = m(&[]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A cache below the minimum the daemon can work with (one 1 MiB chunk)
+/// is refused, naming the minimum, on the flag and as -o.
+#[test]
+fn mount_refuses_cache_below_minimum() {
+    let gguf = demo("tiny-llama.gguf");
+    let mp = "/nonexistent/rknot-cli-test-mp";
+    assert_usage(
+        &run_mount(&[&gguf, mp, "--cache-mb", "0"]),
+        "below the minimum cache of 1 MiB",
+    );
+    assert_usage(
+        &run_mount(&[&gguf, mp, "-o", "cache_mb=0"]),
+        "below the minimum cache of 1 MiB",
+    );
+}
+
+/// rknot: clap's usage errors are 2, runtime errors 1.
+#[test]
+fn usage_errors_exit_2_runtime_errors_1() {
+    let gguf = demo("tiny-llama.gguf");
+    assert_usage(
+        &run_rknot(&["inspect", &gguf, "--frobnicate"]),
+        "--frobnicate",
+    );
+    assert_usage(&run_rknot(&["cat", &gguf]), "required arguments");
+    assert_usage(
+        &run_rknot(&["cat", &gguf, "x", "--offset", "many"]),
+        "invalid value 'many' for '--offset",
+    );
+    assert_usage(&run_rknot(&["inspect", &gguf, "--full"]), "--json");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.rknot");
+    assert_usage(
+        &run_rknot(&[
+            "encode",
+            "rknot",
+            &gguf,
+            "-o",
+            out.to_str().unwrap(),
+            "--profile",
+            "fast",
+        ]),
+        "unknown --profile \"fast\"",
+    );
+    assert!(!out.exists());
+    let o = run_rknot(&["inspect", "/nonexistent/m.gguf"]);
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[test]
+fn encode_rank_0_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.sk32");
+    let o = run_rknot(&[
+        "encode",
+        "sk32",
+        &demo("tiny-llama.gguf"),
+        "-o",
+        out.to_str().unwrap(),
+        "--rank",
+        "0",
+    ]);
+    assert_usage(
+        &o,
+        "invalid value '0' for '--rank <RANK>': must be at least 1",
+    );
+    assert!(!out.exists());
+}
+
+/// An offset at or past the tensor's end is refused (it printed nothing
+/// and succeeded); the last byte still reads.
+#[test]
+fn cat_offset_past_the_end_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = sketch_file(dir.path());
+    let p = p.to_str().unwrap();
+    // 3 x 5 f32: 60 bytes.
+    for off in ["60", "1000000"] {
+        let o = run_rknot(&["cat", p, "blk.2.attn_output.weight", "--offset", off]);
+        assert_usage(
+            &o,
+            &format!(
+                "--offset {off} is past the end of tensor blk.2.attn_output.weight \
+                 (60 bytes: offsets 0..=59)"
+            ),
+        );
+        assert!(o.stdout.is_empty());
+    }
+    let o = run_rknot(&["cat", p, "blk.2.attn_output.weight", "--offset", "59"]);
+    assert!(o.status.success());
+    assert_eq!(o.stdout.len(), 1);
+}
+
+#[test]
+fn bench_mount_rounds_0_is_refused() {
+    assert_usage(
+        &run_rknot(&["bench", "mount", "--rounds", "0"]),
+        "invalid value '0' for '--rounds <ROUNDS>': must be at least 1",
+    );
+}
+
+#[test]
+fn bench_mount_size_below_64_mib_is_refused() {
+    assert_usage(
+        &run_rknot(&["bench", "mount", "--size-mb", "63"]),
+        "invalid value '63' for '--size-mb <SIZE_MB>': must be at least 64 (MiB)",
+    );
+}
+
+#[test]
+fn bench_mount_random_reads_0_is_refused() {
+    assert_usage(
+        &run_rknot(&["bench", "mount", "--random-reads", "0"]),
+        "invalid value '0' for '--random-reads <RANDOM_READS>': must be at least 1",
+    );
+}
+
+/// The lossy encoders take a dense model only: an SK32 or a .rknot as
+/// input (it used to be re-encoded, compounding its error) is refused
+/// before anything is written.
+#[test]
+fn encode_from_a_lossy_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (what, input, format) in [
+        ("sk32", "tiny-llama.sk32", "sk32"),
+        ("sk32", "tiny-llama.rknot", "rknot"),
+        ("rknot", "tiny-llama.rknot", "rknot"),
+        ("rknot", "tiny-llama.sk32", "sk32"),
+    ] {
+        let out = dir.path().join(format!("out.{what}"));
+        let o = run_rknot(&["encode", what, &demo(input), "-o", out.to_str().unwrap()]);
+        assert_usage(
+            &o,
+            &format!("encode {what} encodes a dense model (GGUF or dense .knot); this is {format}"),
+        );
+        assert!(String::from_utf8_lossy(&o.stderr).contains(input));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{input}");
+    }
+}
+
+/// `rknot completions SHELL [--mount]` prints a script; an unknown shell
+/// is a usage error.
+#[test]
+fn completions_for_both_binaries() {
+    let o = run_rknot(&["completions", "bash"]);
+    assert!(o.status.success());
+    let t = String::from_utf8(o.stdout).unwrap();
+    assert!(t.contains("_rknot()") && t.contains("encode"), "{t}");
+    let o = run_rknot(&["completions", "zsh", "--mount"]);
+    assert!(o.status.success());
+    let t = String::from_utf8(o.stdout).unwrap();
+    assert!(t.starts_with("#compdef rknot-mount") && t.contains("--cache-mb"));
+    let o = run_rknot(&["completions", "fish"]);
+    assert!(o.status.success());
+    assert_usage(&run_rknot(&["completions", "tcsh"]), "invalid value 'tcsh'");
+}
+
+/// `rknot manpage --out DIR`: rknot(1), a page per subcommand and
+/// rknot-mount(1); without --out, rknot(1) on stdout.
+#[test]
+fn manpages_for_commands_subcommands_and_the_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_rknot(&["manpage", "--out", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let names = common::listing(dir.path());
+    for want in [
+        "rknot.1",
+        "rknot-cat.1",
+        "rknot-encode-sk32.1",
+        "rknot-bench-mount.1",
+        "rknot-completions.1",
+        "rknot-mount.1",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.contains("help")), "{names:?}");
+    let mount = std::fs::read_to_string(dir.path().join("rknot-mount.1")).unwrap();
+    assert!(mount.contains(".TH rknot-mount 1") && mount.contains("cache\\-mb"));
+    let o = run_rknot(&["manpage"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8(o.stdout).unwrap().contains(".TH rknot 1"));
+    let o = run_rknot(&["manpage", "--out", "/nonexistent/man1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/man1/rknot.1"));
+}

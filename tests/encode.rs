@@ -365,7 +365,8 @@ fn encode_failed_commit_leaves_nothing_and_long_names_work() {
 }
 
 /// `rknot encode knot` repacks a GGUF only: a dense .knot or a sketch as
-/// input is refused with the reason, and nothing is written.
+/// input is refused with the reason (a usage error: exit 2), and nothing is
+/// written.
 #[test]
 fn encode_knot_of_a_non_gguf_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -373,7 +374,7 @@ fn encode_knot_of_a_non_gguf_is_refused() {
         let out = dir.path().join("out.knot");
         let o = run_rknot(&encode_args("knot", &demo_path(input), &out, &[]));
         let stderr = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{input}: {stderr}");
+        assert_eq!(o.status.code(), Some(2), "{input}: {stderr}");
         assert!(
             stderr.contains(&format!("encode knot repacks a GGUF; this is {format}")),
             "{input}: {stderr}"

@@ -495,7 +495,8 @@ fn tools_work_and_writes_are_refused() {
     assert!(m.ctl().contains("unknown command \"frobnicate\""));
 }
 
-/// Each bad invocation: its message, exit code 1, nothing mounted.
+/// Each bad invocation: its message, exit code 1 (2 for a usage error),
+/// nothing mounted.
 #[test]
 fn bad_usage_messages() {
     if !fuse_available() {
@@ -514,7 +515,7 @@ fn bad_usage_messages() {
     std::fs::write(&junk, b"PK\x03\x04 not a model").unwrap();
     let gguf = demo_path("tiny-llama.gguf");
     let busy = Mounted::new(&gguf, &[]);
-    let run = |args: &[&Path], env: Option<(&str, &str)>, want: &str| {
+    let run_code = |args: &[&Path], env: Option<(&str, &str)>, want: &str, code: i32| {
         // Should this invocation mount after all (background mode), the
         // guard unmounts it and stops the daemon when an assertion fails; a
         // mountpoint that was already mounted (busy) is left alone.
@@ -529,9 +530,10 @@ fn bad_usage_messages() {
         let _guard = (!already)
             .then(|| MountGuard::new(mp, background_pid(&String::from_utf8_lossy(&o.stdout))));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
     };
+    let run = |args: &[&Path], env: Option<(&str, &str)>, want: &str| run_code(args, env, want, 1);
     run(&[&gguf, &d.join("missing")], None, "does not exist");
     run(&[&gguf, &file], None, "is not a directory");
     run(&[&gguf, &full], None, "is not empty");
@@ -543,10 +545,11 @@ fn bad_usage_messages() {
         Some(("RKNOT_FUSE_DEVICE", "/nonexistent/fuse")),
         "apt-get install fuse3",
     );
-    run(
+    run_code(
         &[&gguf, &empty, Path::new("-o"), Path::new("rw")],
         None,
         "always read-only",
+        2,
     );
     assert!(
         !is_mounted(&empty.canonicalize().unwrap()),

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use rknot::backend::{self, Backend};
 use rknot::report;
@@ -13,7 +13,7 @@ use rknot::text::escape_json_text;
 #[derive(Parser)]
 #[command(
     name = "rknot",
-    version,
+    version = rknot::LONG_VERSION,
     about = "Inspect and decode .rknot, SK32, dense .knot and GGUF model files"
 )]
 struct Cli {
@@ -43,15 +43,18 @@ enum Cmd {
     /// Write a tensor's decoded little-endian f32 bytes to stdout: exactly
     /// what the mount serves for it.
     Cat {
+        /// Model file (.rknot, SK32 sketch, dense .knot or GGUF).
         file: PathBuf,
         /// Tensor name, GGUF-dot (blk.0.attn_q.weight) or underscore spelling.
         tensor: String,
-        #[arg(long)]
+        /// Dense fallback (GGUF or dense .knot) for tensors FILE lacks.
+        #[arg(long, value_name = "FILE")]
         dense: Option<PathBuf>,
-        /// First byte to write.
+        /// First byte to write: inside the tensor (below its size in bytes,
+        /// 4 x elements); an offset past its end is refused.
         #[arg(long, default_value_t = 0)]
         offset: u64,
-        /// Bytes to write (default: to the end of the tensor).
+        /// Bytes to write at most (default: to the end of the tensor).
         #[arg(long)]
         length: Option<u64>,
     },
@@ -78,6 +81,7 @@ enum Cmd {
         /// group, chunk or tensor.
         #[arg(long)]
         integrity: bool,
+        /// Print the report as JSON instead of text.
         #[arg(long)]
         json: bool,
         /// Also check ENCODED (and --dense) against this sha256sum-format
@@ -113,6 +117,24 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+    /// Print a shell completion script to stdout, e.g. `rknot completions
+    /// bash > /etc/bash_completion.d/rknot`.
+    Completions {
+        /// The shell the script is for.
+        shell: clap_complete::Shell,
+        /// Complete rknot-mount instead of rknot.
+        #[arg(long)]
+        mount: bool,
+    },
+    /// Write the man pages: rknot(1), one per subcommand (rknot-cat(1),
+    /// rknot-encode-sk32(1), ...) and rknot-mount(1), into --out; without
+    /// --out, print rknot(1) to stdout.
+    Manpage {
+        /// Directory for the pages, e.g. /usr/local/share/man/man1 (must
+        /// exist; pages there are replaced).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -121,10 +143,12 @@ enum EncodeCmd {
     Sk32 {
         /// Dense source (GGUF or dense .knot).
         dense: PathBuf,
-        #[arg(short, long)]
+        /// Output SK32 file.
+        #[arg(short, long, value_name = "OUT")]
         out: PathBuf,
-        /// Rank of every sketch (clamped to the matrix's smaller dimension).
-        #[arg(long, default_value_t = 64)]
+        /// Rank of every sketch, at least 1 (a matrix whose smaller
+        /// dimension is below it keeps that dimension as its rank).
+        #[arg(long, default_value_t = 64, value_parser = at_least_1)]
         rank: usize,
         /// Instead of a fixed rank: the smallest rank keeping this fraction
         /// of each matrix's energy.
@@ -142,26 +166,34 @@ enum EncodeCmd {
         /// Keep Vᵀ from the SVD instead of refitting it to the quantized U and σ.
         #[arg(long)]
         no_refit: bool,
+        /// Replace an existing OUT.
         #[arg(long)]
         overwrite: bool,
     },
     /// Spectral-residual .rknot of the attention and FFN matrices.
     Rknot {
+        /// Dense source (GGUF or dense .knot).
         dense: PathBuf,
-        #[arg(short, long)]
+        /// Output .rknot file.
+        #[arg(short, long, value_name = "OUT")]
         out: PathBuf,
         /// Fraction of hidden dimensions that stand (seed profile).
         #[arg(long, default_value_t = 0.30)]
         coverage: f64,
+        /// Seed profile: code width in bits of attn_q and attn_k.
         #[arg(long, default_value_t = 4)]
         bits_qk: u8,
+        /// Seed profile: code width in bits of attn_v and attn_output.
         #[arg(long, default_value_t = 8)]
         bits_v: u8,
+        /// Seed profile: code width in bits of the FFN matrices.
         #[arg(long, default_value_t = 4)]
         bits_ffn: u8,
         /// Graded widths: base + round(extra_bits × phase_alignment).
         #[arg(long)]
         graded: bool,
+        /// With --graded: a standing line gets up to this many bits above its
+        /// base width (round(extra_bits × phase_alignment)).
         #[arg(long, default_value_t = 2)]
         extra_bits: u8,
         /// faithful (keep every dimension, widths by measured sensitivity;
@@ -184,14 +216,18 @@ enum EncodeCmd {
         /// verbatim, and the file serves the whole model alone.
         #[arg(long)]
         compressed_only: bool,
+        /// Replace an existing OUT.
         #[arg(long)]
         overwrite: bool,
     },
     /// GGUF -> dense .knot repack (ggml blocks verbatim).
     Knot {
+        /// GGUF source.
         gguf: PathBuf,
-        #[arg(short, long)]
+        /// Output dense .knot file.
+        #[arg(short, long, value_name = "OUT")]
         out: PathBuf,
+        /// Replace an existing OUT.
         #[arg(long)]
         overwrite: bool,
     },
@@ -205,24 +241,27 @@ enum BenchCmd {
         /// Scratch directory for the synthetic model and the mountpoints.
         #[arg(long, default_value = "/tmp/rknot-bench")]
         dir: PathBuf,
-        #[arg(long, default_value_t = 3)]
+        /// Rounds of every measurement, at least 1 (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = at_least_1)]
         rounds: usize,
-        /// Decoded size of each benchmark tensor, MiB (>= 64).
-        #[arg(long, default_value_t = 128)]
+        /// Decoded size of each benchmark tensor, MiB, at least 64.
+        #[arg(long, default_value_t = 128, value_parser = size_mb_at_least_64)]
         size_mb: u64,
-        /// Cold 4 KiB reads per tensor, mode and round.
-        #[arg(long, default_value_t = 200)]
+        /// Cold 4 KiB reads per tensor, mode and round, at least 1.
+        #[arg(long, default_value_t = 200, value_parser = at_least_1)]
         random_reads: usize,
     },
     /// Cost of verifying checksums on the read path: every tensor of FILE
     /// (with checksums) read in full against a copy without them, rounds
     /// interleaved, medians and their ratio.
     Checksums {
+        /// Model file with checksums (.rknot, SK32 or dense .knot).
         file: PathBuf,
         /// Where the copy without checksums goes (removed afterwards).
         #[arg(long, default_value = "/tmp")]
         dir: PathBuf,
-        #[arg(long, default_value_t = 5)]
+        /// Interleaved rounds of each, at least 1 (medians are reported).
+        #[arg(long, default_value_t = 5, value_parser = at_least_1)]
         rounds: usize,
     },
 }
@@ -232,11 +271,97 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("rknot: error: {e}");
-            ExitCode::FAILURE
+        Err(e) => match e.downcast::<Usage>() {
+            // Reported as clap reports its own usage errors: exit 2.
+            Ok(u) => subcommand(Cli::command(), u.cmd)
+                .error(clap::error::ErrorKind::ValueValidation, u.msg)
+                .exit(),
+            Err(e) => {
+                eprintln!("rknot: error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// A usage error found after parsing (a value that makes no sense for the
+/// file given): exit 2, like clap's own. `cmd` is the subcommand's path,
+/// for the usage line.
+#[derive(Debug)]
+struct Usage {
+    cmd: &'static [&'static str],
+    msg: String,
+}
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+fn usage(cmd: &'static [&'static str], msg: String) -> Box<dyn std::error::Error> {
+    Box::new(Usage { cmd, msg })
+}
+
+/// The (built) subcommand at `path` of `cmd`, or `cmd` itself.
+fn subcommand(mut cmd: clap::Command, path: &[&str]) -> clap::Command {
+    cmd.build();
+    for name in path {
+        match cmd.find_subcommand(name) {
+            Some(s) => cmd = s.clone(),
+            None => break,
         }
     }
+    cmd
+}
+
+/// clap value parser: a count of at least 1.
+fn at_least_1(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// clap value parser: `bench mount --size-mb`.
+fn size_mb_at_least_64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n < 64 => Err("must be at least 64 (MiB)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The encoders take a dense model: re-encoding a lossy file (SK32, .rknot)
+/// would compound its error, and `encode knot` repacks GGUF blocks only.
+fn check_encode_input(
+    cmd: &'static [&'static str],
+    b: &dyn Backend,
+    path: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let format = b.summary().format;
+    let shown = rknot::text::escape(&path.to_string_lossy()).to_string();
+    if cmd == ["encode", "knot"] {
+        if format != rknot::format::FileFormat::Gguf {
+            return Err(usage(
+                cmd,
+                format!("{shown}: encode knot repacks a GGUF; this is {format}"),
+            ));
+        }
+    } else if b.as_dense().is_none() {
+        return Err(usage(
+            cmd,
+            format!(
+                "{shown}: {} encodes a dense model (GGUF or dense .knot); this is {format}, \
+                 already lossy: encode the dense model it was made from",
+                cmd.join(" ")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
@@ -382,6 +507,29 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             Ok(())
         }
         Cmd::Probe(a) => rknot::probe::run(a),
+        Cmd::Completions { shell, mount } => {
+            let (mut cmd, name) = if mount {
+                (rknot::mount::cli::MountCli::command(), "rknot-mount")
+            } else {
+                (Cli::command(), "rknot")
+            };
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, name, &mut script);
+            write_stdout(&script)
+        }
+        Cmd::Manpage { out: None } => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command()).render(&mut page)?;
+            write_stdout(&page)
+        }
+        Cmd::Manpage { out: Some(dir) } => {
+            for cmd in [Cli::command(), rknot::mount::cli::MountCli::command()] {
+                let mut cmd = cmd.disable_help_subcommand(true);
+                cmd.build();
+                write_manpages(&cmd, &dir)?;
+            }
+            Ok(())
+        }
         Cmd::Bench {
             what:
                 BenchCmd::Mount {
@@ -395,9 +543,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let mount_bin = exe.with_file_name("rknot-mount");
             let opts = rknot::bench::MountBenchOpts {
                 dir,
-                rounds: rounds.max(1),
-                size_mb: size_mb.max(64),
-                random_reads: random_reads.max(1),
+                rounds,
+                size_mb,
+                random_reads,
                 mount_bin,
             };
             let report = rknot::bench::mount_bench(&opts)?;
@@ -430,6 +578,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             overwrite,
         } => {
             let b = backend::open(&dense, None)?;
+            check_encode_input(&["encode", "sk32"], b.as_ref(), &dense)?;
             eprintln!("rknot: warning: {}", encode::warnings::SK32);
             let o = encode::sk32::Sk32Options {
                 rank: Some(rank),
@@ -468,8 +617,13 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             overwrite,
         } => {
             let b = backend::open(&dense, None)?;
-            let profile = encode::rknot::Profile::parse(&profile)
-                .ok_or_else(|| format!("unknown profile {profile:?} (faithful, seed)"))?;
+            check_encode_input(&["encode", "rknot"], b.as_ref(), &dense)?;
+            let profile = encode::rknot::Profile::parse(&profile).ok_or_else(|| {
+                usage(
+                    &["encode", "rknot"],
+                    format!("unknown --profile {profile:?} (faithful, seed)"),
+                )
+            })?;
             if profile == encode::rknot::Profile::Seed {
                 eprintln!("rknot: warning: {}", encode::warnings::SEED_PROFILE);
             }
@@ -497,6 +651,7 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
             overwrite,
         } => {
             let b = backend::open(&gguf, None)?;
+            check_encode_input(&["encode", "knot"], b.as_ref(), &gguf)?;
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
             encode::knot::encode_knot(b.as_ref(), &target, &progress)?;
             (out, gguf, b, "dense .knot".to_string())
@@ -566,6 +721,16 @@ fn cat(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let index = b.find(tensor)?;
     let size = b.tensors().entries()[index].served_bytes();
+    if offset >= size {
+        return Err(usage(
+            &["cat"],
+            format!(
+                "--offset {offset} is past the end of tensor {} ({size} bytes: offsets 0..={})",
+                rknot::text::escape(tensor),
+                size.saturating_sub(1)
+            ),
+        ));
+    }
     let end = match length {
         Some(l) => size.min(offset.saturating_add(l)),
         None => size,
@@ -589,6 +754,24 @@ fn cat(
     out.flush().or_else(quiet_pipe)
 }
 
+/// The man page of `cmd` and of each of its subcommands, into `dir`.
+fn write_manpages(
+    cmd: &clap::Command,
+    dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let man = clap_mangen::Man::new(cmd.clone());
+    let path = dir.join(man.get_filename());
+    let shown = || rknot::text::escape(&path.to_string_lossy()).to_string();
+    let mut page = Vec::new();
+    man.render(&mut page)?;
+    std::fs::write(&path, page).map_err(|e| format!("cannot write {}: {e}", shown()))?;
+    eprintln!("rknot: wrote {}", shown());
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_manpages(sub, dir)?;
+    }
+    Ok(())
+}
+
 fn write_stdout(bytes: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
     let mut out = io::stdout().lock();
     out.write_all(bytes).or_else(quiet_pipe)?;
@@ -601,5 +784,37 @@ fn quiet_pipe(e: io::Error) -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     } else {
         Err(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every subcommand and every argument, here and in rknot-mount, says
+    /// what it is in `--help` (and so in the man pages).
+    fn undocumented(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        let path = format!("{path} {}", cmd.get_name());
+        if cmd.get_about().is_none() && cmd.get_long_about().is_none() {
+            out.push(path.clone());
+        }
+        for a in cmd.get_arguments() {
+            if a.get_help().is_none() && a.get_long_help().is_none() {
+                out.push(format!("{path} {}", a.get_id()));
+            }
+        }
+        for s in cmd.get_subcommands() {
+            undocumented(s, &path, out);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_and_argument_has_help() {
+        Cli::command().debug_assert();
+        rknot::mount::cli::MountCli::command().debug_assert();
+        let mut missing = Vec::new();
+        undocumented(&Cli::command(), "", &mut missing);
+        undocumented(&rknot::mount::cli::MountCli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
     }
 }

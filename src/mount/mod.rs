@@ -14,6 +14,7 @@
 //!   loop and also exits 0.
 
 pub mod checks;
+pub mod cli;
 pub mod options;
 pub mod stop;
 
@@ -123,9 +124,8 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         .threads
         .or(opts.threads)
         .unwrap_or_else(|| n_cpus().clamp(2, 16));
-    if threads == 0 {
-        return Err("--threads must be at least 1".into());
-    }
+    options::check_threads(threads).map_err(|e| format!("--threads: {e}"))?;
+    options::check_cache_mb(cache_mb).map_err(|e| format!("--cache-mb: {e}"))?;
     let uid = opts.uid.unwrap_or_else(checks::geteuid);
     // SAFETY: getegid takes no arguments and cannot fail.
     let gid = opts.gid.unwrap_or_else(|| unsafe { libc::getegid() });
@@ -134,9 +134,10 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         gid,
         direct_io: opts.direct_io,
         cache_bytes: cache_mb.saturating_mul(1 << 20),
-        chunk_bytes: opts.chunk_kb.map_or(crate::fs::DEFAULT_CHUNK_BYTES, |k| {
-            k.clamp(4, 16 * 1024) * 1024
-        }),
+        // (chunk_kb is within options::CHUNK_KB: parse refuses the rest.)
+        chunk_bytes: opts
+            .chunk_kb
+            .map_or(crate::fs::DEFAULT_CHUNK_BYTES, |k| k * 1024),
         prefetch_threads: opts.prefetch_threads.unwrap_or_else(n_cpus),
         views: req.views.or(opts.views).unwrap_or_default(),
         jobs: jobs_config(req, &opts, &source)?,

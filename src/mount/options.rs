@@ -42,6 +42,41 @@ fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
         .map_err(|_| format!("mount option {key}={v:?}: not a number"))
 }
 
+/// The smallest decoded-chunk cache, MiB: one chunk of the default size
+/// (1 MiB). Below it (0) no chunk is ever kept: every read decodes again,
+/// one at a time.
+pub const MIN_CACHE_MB: u64 = 1;
+
+/// The range of `chunk_kb`, KiB.
+pub const CHUNK_KB: std::ops::RangeInclusive<u64> = 4..=16 * 1024;
+
+/// `--cache-mb` / `cache_mb=`: refused below [`MIN_CACHE_MB`].
+pub fn check_cache_mb(n: u64) -> Result<u64, String> {
+    if n < MIN_CACHE_MB {
+        return Err(format!(
+            "{n} MiB is below the minimum cache of {MIN_CACHE_MB} MiB"
+        ));
+    }
+    Ok(n)
+}
+
+/// `--threads` / `threads=`: at least one FUSE worker.
+pub fn check_threads(n: usize) -> Result<usize, String> {
+    if n == 0 {
+        return Err("at least 1 FUSE thread is needed".into());
+    }
+    Ok(n)
+}
+
+/// A numeric option `key=v` that `check` must accept too.
+fn checked<T: std::str::FromStr>(
+    key: &str,
+    v: &str,
+    check: impl FnOnce(T) -> Result<T, String>,
+) -> Result<T, String> {
+    check(num(key, v)?).map_err(|e| format!("mount option {key}={v:?}: {e}"))
+}
+
 /// Parse every `-o` argument (each a comma-separated list).
 pub fn parse(args: &[String]) -> Result<MountOpts, String> {
     let mut o = MountOpts::default();
@@ -84,14 +119,34 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
             ("gid", Some(v)) => o.gid = Some(num(key, v)?),
             ("fsname", Some(v)) if !v.is_empty() => o.fsname = Some(v.to_string()),
             ("direct_io", None) => o.direct_io = true,
-            ("cache_mb", Some(v)) => o.cache_mb = Some(num(key, v)?),
-            ("threads", Some(v)) => o.threads = Some(num(key, v)?),
+            ("cache_mb", Some(v)) => o.cache_mb = Some(checked(key, v, check_cache_mb)?),
+            ("threads", Some(v)) => o.threads = Some(checked(key, v, check_threads)?),
             ("prefetch_threads", Some(v)) => o.prefetch_threads = Some(num(key, v)?),
             ("readahead_kb", Some(v)) => o.readahead_kb = Some(num(key, v)?),
-            ("chunk_kb", Some(v)) => o.chunk_kb = Some(num(key, v)?),
+            ("chunk_kb", Some(v)) => {
+                o.chunk_kb = Some(checked(key, v, |k: u64| {
+                    if CHUNK_KB.contains(&k) {
+                        Ok(k)
+                    } else {
+                        Err(format!(
+                            "a chunk is {}..={} KiB",
+                            CHUNK_KB.start(),
+                            CHUNK_KB.end()
+                        ))
+                    }
+                })?)
+            }
             ("dense", Some(v)) if !v.is_empty() => o.dense = Some(v.to_string()),
             ("jobs_dir", Some(v)) if !v.is_empty() => o.jobs_dir = Some(v.to_string()),
-            ("max_jobs", Some(v)) => o.max_jobs = Some(num(key, v)?),
+            ("max_jobs", Some(v)) => {
+                o.max_jobs = Some(checked(key, v, |n: usize| {
+                    if n == 0 {
+                        Err("at least 1 (nojobs turns jobs off)".into())
+                    } else {
+                        Ok(n)
+                    }
+                })?)
+            }
             ("nojobs", None) => o.no_jobs = true,
             ("stop_timeout", Some(v)) => o.stop_timeout = Some(num(key, v)?),
             ("manifest", Some(v)) if !v.is_empty() => o.manifest = Some(v.to_string()),
@@ -265,6 +320,22 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown mount option")
         );
+    }
+
+    #[test]
+    fn refuses_values_it_used_to_adjust() {
+        let e = p(&["cache_mb=0"]).unwrap_err();
+        assert!(e.contains("minimum cache of 1 MiB"), "{e}");
+        assert_eq!(p(&["cache_mb=1"]).unwrap().cache_mb, Some(1));
+        assert!(p(&["threads=0"]).unwrap_err().contains("at least 1"));
+        assert!(
+            p(&["chunk_kb=2"])
+                .unwrap_err()
+                .contains("a chunk is 4..=16384 KiB")
+        );
+        assert!(p(&["chunk_kb=16385"]).is_err());
+        assert_eq!(p(&["chunk_kb=16384"]).unwrap().chunk_kb, Some(16384));
+        assert!(p(&["max_jobs=0"]).unwrap_err().contains("at least 1"));
     }
 
     #[test]
