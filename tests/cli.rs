@@ -233,13 +233,13 @@ fn cat_offset_past_the_end_is_refused() {
     let p = sketch_file(dir.path());
     let p = p.to_str().unwrap();
     // 3 x 5 f32: 60 bytes.
-    for off in ["60", "1000000"] {
+    for off in ["61", "1000000"] {
         let o = run_rknot(&["cat", p, "blk.2.attn_output.weight", "--offset", off]);
         assert_usage(
             &o,
             &format!(
                 "--offset {off} is past the end of tensor blk.2.attn_output.weight \
-                 (60 bytes: offsets 0..=59)"
+                 (60 bytes: offsets 0..=60)"
             ),
         );
         assert!(o.stdout.is_empty());
@@ -247,6 +247,10 @@ fn cat_offset_past_the_end_is_refused() {
     let o = run_rknot(&["cat", p, "blk.2.attn_output.weight", "--offset", "59"]);
     assert!(o.status.success());
     assert_eq!(o.stdout.len(), 1);
+    // At the end: nothing, as read(2) at end of file.
+    let o = run_rknot(&["cat", p, "blk.2.attn_output.weight", "--offset", "60"]);
+    assert!(o.status.success());
+    assert!(o.stdout.is_empty());
 }
 
 #[test]

@@ -51,7 +51,7 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         dense: Option<PathBuf>,
         /// First byte to write: inside the tensor (below its size in bytes,
-        /// 4 x elements); an offset past its end is refused.
+        /// 4 x elements); an offset past its end is refused (at the end: nothing).
         #[arg(long, default_value_t = 0)]
         offset: u64,
         /// Bytes to write at most (default: to the end of the tensor).
@@ -721,13 +721,14 @@ fn cat(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let index = b.find(tensor)?;
     let size = b.tensors().entries()[index].served_bytes();
-    if offset >= size {
+    // At the end is an empty read, as read(2) at end of file; past it is
+    // a mistake.
+    if offset > size {
         return Err(usage(
             &["cat"],
             format!(
-                "--offset {offset} is past the end of tensor {} ({size} bytes: offsets 0..={})",
+                "--offset {offset} is past the end of tensor {} ({size} bytes: offsets 0..={size})",
                 rknot::text::escape(tensor),
-                size.saturating_sub(1)
             ),
         ));
     }
