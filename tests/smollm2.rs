@@ -31,6 +31,10 @@ fn decode_all(b: &dyn Backend, index: usize) -> Vec<f32> {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn inspect_lists_272_tensors_with_shapes_and_types() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -63,6 +67,10 @@ fn inspect_lists_272_tensors_with_shapes_and_types() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn every_tensor_decodes_bit_exact_like_gguf_py() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -74,6 +82,10 @@ fn every_tensor_decodes_bit_exact_like_gguf_py() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn cli_cat_of_every_tensor_matches_gguf_py() {
     let Some(model) = smollm2() else { return };
     for r in smollm2_reference() {
@@ -100,6 +112,10 @@ fn cli_cat_of_every_tensor_matches_gguf_py() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn cli_cat_ranges_and_inspect_json() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -143,6 +159,10 @@ fn cli_cat_ranges_and_inspect_json() {
 
 /// GGUF -> dense .knot (blocks verbatim) -> every tensor identical.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn dense_knot_repack_decodes_identically() {
     let Some(model) = smollm2() else { return };
     let src = SourceFile::open(&model).unwrap();
@@ -193,6 +213,10 @@ fn dense_knot_repack_decodes_identically() {
 /// Vᵀ = the first r rows of the identity, so Ŵ keeps W's first r columns),
 /// layered over the GGUF.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn sk32_from_smollm2_layers_over_the_gguf() {
     let Some(model) = smollm2() else { return };
     let dense = backend::open_single(&model, Role::Fallback).unwrap();
