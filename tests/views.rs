@@ -591,12 +591,12 @@ fn views_option_and_namespace() {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    // --views is checked by the argument parser (usage error, 2); -o
-    // views= with the other -o options (1). Nothing is mounted.
+    // A bad --views or -o views= is a usage error (2, README: a bad `-o`
+    // value exits 2). Nothing is mounted.
     for (args, code) in [
         (vec!["--views", "f32,f64"], 2),
-        (vec!["-o", "views=f32,f64"], 1),
-        (vec!["-o", "views=f16,fp8"], 1),
+        (vec!["-o", "views=f32,f64"], 2),
+        (vec!["-o", "views=f16,fp8"], 2),
     ] {
         let o = Command::new(mount_bin())
             .arg(&gguf)
