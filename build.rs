@@ -4,8 +4,27 @@
 //! Outside a git checkout (a source tarball, a crate download) or without
 //! `git`, the commit is "unknown" and the build goes on. `RKNOT_GIT_COMMIT`
 //! overrides it (packagers building from an export).
+//!
+//! Test capabilities (README: Tests). The stable test harness decides
+//! `#[ignore]` at compile time, so the build detects what this machine can
+//! run and emits cfgs the tests use in
+//! `#[cfg_attr(rknot_no_fuse, ignore = "...")]`:
+//!
+//! - `rknot_no_fuse`: the build cannot mount (not root, /dev/fuse not
+//!   openable read-write, or no fusermount3 in /usr/bin or /bin);
+//! - `rknot_no_model`: no SmolLM2 test model at
+//!   models/SmolLM2-135M-Instruct.Q4_1.gguf (or `$RKNOT_SMOLLM2`);
+//! - `rknot_no_llama`: `RKNOT_LLAMA_PYTHON` is not set (the opt-in
+//!   llama.cpp test).
+//!
+//! `RKNOT_REQUIRE_FUSE=1` / `RKNOT_REQUIRE_MODEL=1` never emit their cfg: the
+//! tests then run and fail loudly at run time when the capability is
+//! missing. `RKNOT_PRETEND_NO_FUSE=1` / `RKNOT_PRETEND_NO_MODEL=1` (for
+//! checking the ignore path on a capable machine; use a separate
+//! CARGO_TARGET_DIR) emit the cfg as if the capability were missing, unless
+//! the matching RKNOT_REQUIRE_* is set.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn git(args: &[&str]) -> Option<String> {
@@ -32,8 +51,80 @@ fn in_own_checkout() -> bool {
     }
 }
 
+/// Same convention as the tests' `env_flag`: set, non-empty and not "0".
+fn env_flag(name: &str) -> bool {
+    println!("cargo::rerun-if-env-changed={name}");
+    std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Whether this build could mount: effective uid 0, /dev/fuse opens
+/// read-write and fusermount3 is installed (what the tests'
+/// `fuse_available()` checks at run time).
+fn can_mount() -> bool {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false);
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .is_ok();
+    let helper =
+        Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists();
+    root && dev && helper
+}
+
+/// Whether the SmolLM2 test model is there, watching its path so that the
+/// cfg follows a fetch or a removal.
+fn have_model() -> bool {
+    let custom = std::env::var_os("RKNOT_SMOLLM2").filter(|v| !v.is_empty());
+    let path = match &custom {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
+            .join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    let present = path.is_file();
+    if present {
+        println!("cargo::rerun-if-changed={}", path.display());
+    } else if let Some(dir) = path.parent().filter(|d| custom.is_none() && d.is_dir()) {
+        // models/ (kept in the checkout by models/.gitignore): a missing
+        // path would rerun this script, and so rebuild the crate, on every
+        // build; the directory changes when the model arrives.
+        println!("cargo::rerun-if-changed={}", dir.display());
+    }
+    present
+}
+
+/// The cfgs of the tests that need a capability (see the top of the file).
+fn test_capabilities() {
+    for cfg in ["rknot_no_fuse", "rknot_no_model", "rknot_no_llama"] {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+    }
+    let pretend_no_fuse = env_flag("RKNOT_PRETEND_NO_FUSE");
+    if !env_flag("RKNOT_REQUIRE_FUSE") && (pretend_no_fuse || !can_mount()) {
+        println!("cargo::rustc-cfg=rknot_no_fuse");
+    }
+    let pretend_no_model = env_flag("RKNOT_PRETEND_NO_MODEL");
+    // (have_model also watches the path, whatever the flags say)
+    let model = have_model();
+    if !env_flag("RKNOT_REQUIRE_MODEL") && (pretend_no_model || !model) {
+        println!("cargo::rustc-cfg=rknot_no_model");
+    }
+    println!("cargo::rerun-if-env-changed=RKNOT_SMOLLM2");
+    println!("cargo::rerun-if-env-changed=RKNOT_LLAMA_PYTHON");
+    if std::env::var_os("RKNOT_LLAMA_PYTHON").is_none_or(|v| v.is_empty()) {
+        println!("cargo::rustc-cfg=rknot_no_llama");
+    }
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    test_capabilities();
     println!("cargo:rerun-if-env-changed=RKNOT_GIT_COMMIT");
     // Rebuild when HEAD moves: HEAD itself (a checkout of another branch),
     // the ref it points to (a commit on the branch) and packed-refs (where

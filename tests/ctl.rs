@@ -30,6 +30,10 @@ fn demo_copy(dir: &Path) -> std::path::PathBuf {
 /// and not through a descriptor root opened and handed over (commands are
 /// authorised by the credentials of each request, not by the mode shown).
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn only_root_and_the_daemon_user_may_command() {
     if !fuse_available() {
         return;
@@ -128,6 +132,10 @@ fn only_root_and_the_daemon_user_may_command() {
 /// Item 15: every read of one open sees one rendering, however the state
 /// changes between reads (a JSON reader never gets halves of two).
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn ctl_reads_come_from_one_snapshot_per_open() {
     if !fuse_available() {
         return;
@@ -194,6 +202,10 @@ fn ctl_reads_come_from_one_snapshot_per_open() {
 /// with a bad line runs nothing; bad UTF-8 and over-long lines are refused;
 /// a last line without a newline runs at close.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn ctl_commands_are_lines_checked_whole() {
     if !fuse_available() {
         return;
@@ -282,6 +294,10 @@ fn ctl_commands_are_lines_checked_whole() {
 /// Item 17: 2,000 opens that ask isatty() (as every Python open does), and
 /// 2,000 failing reads, grow the log by a few lines, not thousands.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn opens_and_failed_reads_do_not_flood_the_log() {
     if !fuse_available() {
         return;

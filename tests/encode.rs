@@ -28,6 +28,10 @@ fn json(path: &str) -> serde_json::Value {
 /// randomized SVD's truncation error is within 1% of the exact optimum on
 /// real SmolLM2 matrices.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn randomized_svd_is_within_one_percent_of_exact() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -167,6 +171,10 @@ fn read_every_tensor_through_mount(encoded: &Path, model: &Path) {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn sk32_rank64_encode_verify_mount() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -188,6 +196,10 @@ fn sk32_rank64_encode_verify_mount() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn rknot_seed_and_faithful_encode_verify_mount() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -247,6 +259,10 @@ fn defaults_keep_the_model_and_lossy_encodings_say_what_they_cost() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn knot_repack_is_lossless() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -268,6 +284,10 @@ fn knot_repack_is_lossless() {
 
 /// A killed encoding leaves nothing at the target path.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn killed_encoding_leaves_no_target() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();

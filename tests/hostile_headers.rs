@@ -120,6 +120,10 @@ fn json_headers_of_64_and_128_mib_stay_within_the_memory_bound() {
 /// A mount of each 64 MiB header: the daemon's peak RSS (VmHWM once it
 /// serves index.json) stays within the bound, or it refuses to start.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn mount_of_hostile_headers_stays_within_the_memory_bound() {
     if !common::mount::fuse_available() {
         return;

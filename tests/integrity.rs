@@ -284,6 +284,10 @@ fn sk32_and_knot_corruption_matrix() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn the_mount_fails_only_the_damaged_tensor_and_counts_it() {
     if !fuse_available() {
         return;

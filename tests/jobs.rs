@@ -23,6 +23,14 @@ fn command(m: &Mounted, line: &str) -> Result<(), i32> {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn jobs_progress_cancel_and_validation() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -121,6 +129,14 @@ fn jobs_progress_cancel_and_validation() {
 /// Unmount cancels running jobs and removes their temporary files; kill -9
 /// of the daemon leaves nothing at the target path.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn unmount_and_kill_leave_no_output() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -166,6 +182,10 @@ fn unmount_and_kill_leave_no_output() {
 /// ctl is 0600: with allow_other another user reads tensors but cannot
 /// start jobs.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn other_users_cannot_start_jobs() {
     if !fuse_available() {
         return;
@@ -230,6 +250,10 @@ fn mode_of(p: &Path) -> u32 {
 /// files (the mounted file and its fallback): a private model never yields
 /// a world-readable encoding.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn job_outputs_get_at_most_the_sources_mode() {
     if !fuse_available() {
         return;
@@ -293,6 +317,14 @@ fn wait_started(m: &Mounted, id: u64) {
 /// target while the job runs (by hand, or written by `rknot encode`)
 /// survives; the job fails naming it and leaves no temporary file.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -348,6 +380,10 @@ fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
 /// fallback; under any name, a hard link included), with or without
 /// overwrite=1.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn jobs_never_overwrite_a_source_of_the_mount() {
     if !fuse_available() {
         return;
@@ -397,6 +433,14 @@ fn jobs_never_overwrite_a_source_of_the_mount() {
 /// Jobs encode the model the mount serves, read through its open file: a
 /// different model renamed over the source path changes nothing.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn jobs_read_the_mounted_file_not_the_path() {
     let Some(smol) = smollm2() else { return };
     if !fuse_available() {
@@ -439,6 +483,10 @@ fn jobs_read_the_mounted_file_not_the_path() {
 /// A commit that fails (the output is a directory) leaves no temporary
 /// file; an out= name of 255 bytes (the longest accepted) works.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn failed_commits_leave_nothing_and_long_names_work() {
     if !fuse_available() {
         return;
@@ -464,6 +512,14 @@ fn failed_commits_leave_nothing_and_long_names_work() {
 /// EINVAL and the reason), the last 64 finished; older ones expire from
 /// ctl.json and jobs/.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn job_list_is_bounded() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {

@@ -103,6 +103,10 @@ fn mount_at(mountinfo: &str, mp: &Path) -> Option<MountEntry> {
 /// on the fusermount3 path (a non-root user), and the mount's source is
 /// the name unchanged.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn source_names_cannot_change_fusermount_options() {
     if !fuse_available() {
         return;
@@ -164,6 +168,10 @@ fn source_names_cannot_change_fusermount_options() {
 /// Item 8, root: mount(2) gets the source name verbatim (no escaping shows
 /// up in /proc/mounts) and it adds no option either.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn root_mount_source_name_is_verbatim() {
     if !fuse_available() {
         return;
@@ -199,6 +207,10 @@ fn assert_device_advice(o: &Output, mode: &str) {
 /// Item 22: a non-root user and a root-only /dev/fuse get advice, not a
 /// bare "Permission denied"; nothing is mounted.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn root_only_dev_fuse_is_explained() {
     if !fuse_available() {
         return;
@@ -241,6 +253,10 @@ fn root_only_dev_fuse_is_explained() {
 /// answers `stat` of its root from cache; mounting again says so, with the
 /// way to clear it, instead of "already a mount point".
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn dead_mount_after_kill9_gets_the_hint() {
     if !fuse_available() {
         return;
@@ -286,6 +302,10 @@ fn dead_mount_after_kill9_gets_the_hint() {
 /// it came first, and rknot-mount hung with the mount. strace shows the
 /// order, since the cache cannot be expired from here.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn hung_daemon_is_probed_before_its_mountpoint_is_stat() {
     if !fuse_available() {
         return;
@@ -356,6 +376,10 @@ fn hung_daemon_is_probed_before_its_mountpoint_is_stat() {
 /// name even when the mountpoint's path is longer than NAME_MAX, and says
 /// where.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn background_default_log_name_is_bounded() {
     if !fuse_available() {
         return;
@@ -435,6 +459,14 @@ fn uncached_read(f: &std::fs::File) -> std::io::Result<usize> {
 /// is detached, and after the grace period (--stop-timeout) the connection
 /// is aborted and the daemon exits 0: the open file fails from then on.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn sigterm_with_an_open_file_stops_after_the_grace_period() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -485,6 +517,10 @@ fn sigterm_with_an_open_file_stops_after_the_grace_period() {
 /// signal cuts them off and ends the daemon at once, however long the grace
 /// period.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn second_signal_ends_the_grace_period() {
     if !fuse_available() {
         return;

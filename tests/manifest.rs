@@ -428,6 +428,10 @@ fn read_all(m: &Mounted, b: &dyn Backend) -> Vec<(String, std::io::Result<Vec<u8
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn mount_with_manifest_serves_the_same_bytes() {
     if !fuse_available() {
         return;
@@ -477,6 +481,10 @@ fn mount_with_manifest_serves_the_same_bytes() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn mount_fails_only_the_flipped_tensor() {
     if !fuse_available() {
         return;
@@ -549,6 +557,10 @@ fn mount_refused(source: &Path, args: &[&str], want: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn mount_refuses_header_flips_and_foreign_manifests() {
     if !fuse_available() {
         return;
@@ -617,6 +629,10 @@ fn wait_whole(m: &Mounted, state: &str) -> serde_json::Value {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn plain_sha256sums_good_file_serves_after_verification() {
     if !fuse_available() {
         return;
@@ -673,6 +689,10 @@ fn slow_bad_file(extra: u64) -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn plain_sha256sums_bad_file_hold_fails_reads_and_ctl_answers_meanwhile() {
     if !fuse_available() {
         return;
@@ -733,6 +753,10 @@ fn plain_sha256sums_bad_file_hold_fails_reads_and_ctl_answers_meanwhile() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn plain_sha256sums_bad_file_allow_serves_until_the_check_fails() {
     if !fuse_available() {
         return;

@@ -136,6 +136,10 @@ impl Drop for BusyCpus {
 /// held to the 1.2. The 2-chunk cases run three times each with every CPU kept
 /// busy ([`BusyCpus`]): before the fix they failed 5 runs out of 5.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
     if !fuse_available() {
         return;
@@ -216,6 +220,10 @@ fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
 /// held by replies after eviction and per-thread scratch buffers (up to
 /// 2 x 32 MiB each) took it to 574 MiB.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn peak_rss_stays_within_the_formula_with_large_chunks() {
     if !fuse_available() {
         return;

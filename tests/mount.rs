@@ -25,6 +25,14 @@ impl Rng {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn smollm2_every_tensor_through_the_mount() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -79,6 +87,14 @@ fn smollm2_every_tensor_through_the_mount() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn smollm2_random_dd_reads_and_numpy_memmap() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -144,6 +160,14 @@ fn smollm2_random_dd_reads_and_numpy_memmap() {
 
 /// An SK32 made from SmolLM2 weights with the GGUF as fallback.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn sk32_over_gguf_fallback() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -198,6 +222,10 @@ fn sk32_over_gguf_fallback() {
 /// 8 readers on random tensors and offsets, with a cache smaller than one
 /// tensor: every byte right, no errors.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn concurrent_readers_small_cache() {
     if !fuse_available() {
         return;
@@ -270,6 +298,10 @@ fn concurrent_readers_small_cache() {
 /// not decoded before fail with ESTALE (even blocks the truncation kept) and
 /// are logged; what was decoded before keeps being served.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn truncated_source_gives_estale_not_a_crash() {
     if !fuse_available() {
         return;
@@ -328,6 +360,10 @@ impl Alive for Mounted {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn sigterm_sigint_and_external_unmount_exit_zero() {
     if !fuse_available() {
         return;
@@ -367,6 +403,10 @@ fn sigterm_sigint_and_external_unmount_exit_zero() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn background_mode_returns_when_live() {
     if !fuse_available() {
         return;
@@ -427,6 +467,10 @@ fn background_mode_returns_when_live() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn tools_work_and_writes_are_refused() {
     if !fuse_available() {
         return;
@@ -498,6 +542,10 @@ fn tools_work_and_writes_are_refused() {
 /// Each bad invocation: its message, exit code 1 (2 for a usage error),
 /// nothing mounted.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn bad_usage_messages() {
     if !fuse_available() {
         return;
@@ -567,6 +615,10 @@ fn bad_usage_messages() {
 /// The systemd unit's command line, with its EnvironmentFile, and the
 /// Type=notify readiness message.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn systemd_unit_command_line_and_notify() {
     if !fuse_available() {
         return;
@@ -647,6 +699,14 @@ fn systemd_unit_command_line_and_notify() {
 /// Streaming a model several times larger than the cache keeps the
 /// daemon's resident memory within the cache plus a small fixed overhead.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn memory_stays_bounded_while_streaming() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {

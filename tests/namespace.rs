@@ -30,6 +30,10 @@ fn many_tensors(path: &Path, n: usize) {
 /// memory; `ls` pages through 131,074 names; index.json, served in pages,
 /// is whole and valid.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn many_tiny_tensors_mount_list_and_index_in_bounded_memory() {
     if !fuse_available() {
         return;
@@ -86,6 +90,10 @@ fn many_tiny_tensors_mount_list_and_index_in_bounded_memory() {
 /// `stat` can report) gets no file, and the mount says why; everything else
 /// is served.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn tensors_larger_than_stat_can_report_are_not_offered() {
     if !fuse_available() {
         return;
@@ -192,6 +200,10 @@ fn tensors_larger_than_stat_can_report_are_not_offered() {
 /// terminal escapes, CR and C1 controls: ctl, ctl.json, index.json and the
 /// daemon's log carry them escaped, never raw.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn control_characters_from_files_never_reach_ctl_index_or_log_raw() {
     if !fuse_available() {
         return;

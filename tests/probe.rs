@@ -75,6 +75,10 @@ fn all_logits(m: &Model, ids: &[u32]) -> Vec<f32> {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn tokenizer_matches_python_tokenizers_and_llama_cpp() {
     let Some(s) = smol() else { return };
     let cases = reference()["tokenizer_cases"].as_array().unwrap();
@@ -101,6 +105,10 @@ fn tokenizer_matches_python_tokenizers_and_llama_cpp() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn paris_is_the_first_answer() {
     let Some(s) = smol() else { return };
     let ids = s.tok.encode("The capital of France is", true, true);
@@ -122,6 +130,10 @@ fn paris_is_the_first_answer() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn forward_pass_matches_llama_cpp_on_the_same_weights() {
     let Some(s) = smol() else { return };
     let prompts: Vec<&Value> = reference()["prompts"]
@@ -185,6 +197,10 @@ fn forward_pass_matches_llama_cpp_on_the_same_weights() {
 /// Greedy continuations of the factual prompts equal llama.cpp's (on the
 /// same fp32 weights) token for token.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn greedy_generation_matches_llama_cpp() {
     let Some(s) = smol() else { return };
     for g in reference()["greedy_f32"].as_array().unwrap() {
@@ -217,6 +233,10 @@ fn greedy_generation_matches_llama_cpp() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn perplexity_prefix_matches_llama_perplexity() {
     let Some(s) = smol() else { return };
     let r = &reference()["perplexity"];
@@ -241,6 +261,10 @@ fn perplexity_prefix_matches_llama_perplexity() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn kv_cache_generation_equals_full_recompute() {
     let Some(s) = smol() else { return };
     let ids = s.tok.encode("Water boils at a temperature of", true, true);
@@ -276,6 +300,14 @@ fn kv_cache_generation_equals_full_recompute() {
 /// A mounted rknot directory serves the bytes the backend decodes, so the
 /// model read from the mount gives bit-identical logits.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn probe_through_a_real_mount() {
     let Some(s) = smol() else { return };
     if !fuse_available() {
@@ -339,6 +371,10 @@ fn first_candidate(report: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn cli_prompt_top_k_and_generation() {
     let Some(s) = smol() else { return };
     let text = probe_ok(&[

@@ -94,6 +94,10 @@ for t in view.tensors:
 "#;
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn smollm2_default_encode_stands_alone() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();

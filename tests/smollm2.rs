@@ -31,6 +31,10 @@ fn decode_all(b: &dyn Backend, index: usize) -> Vec<f32> {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn inspect_lists_272_tensors_with_shapes_and_types() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -63,6 +67,10 @@ fn inspect_lists_272_tensors_with_shapes_and_types() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn every_tensor_decodes_bit_exact_like_gguf_py() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -74,6 +82,10 @@ fn every_tensor_decodes_bit_exact_like_gguf_py() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn cli_cat_of_every_tensor_matches_gguf_py() {
     let Some(model) = smollm2() else { return };
     for r in smollm2_reference() {
@@ -100,6 +112,10 @@ fn cli_cat_of_every_tensor_matches_gguf_py() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn cli_cat_ranges_and_inspect_json() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -110,7 +126,6 @@ fn cli_cat_ranges_and_inspect_json() {
         (1, 3),
         (4097, 999),
         (full.len() as u64 - 5, 100),
-        (full.len() as u64, 10),
     ] {
         let out = Command::new(rknot_bin())
             .args(["cat", model.to_str().unwrap(), "blk_7_attn_v_weight"])
@@ -122,6 +137,21 @@ fn cli_cat_ranges_and_inspect_json() {
         let hi = (off + len).min(full.len() as u64) as usize;
         assert_eq!(out.stdout, &full[lo..hi], "offset {off} length {len}");
     }
+    // An offset at the tensor's end is past it: refused, a usage error
+    // (README: "cat --offset past the tensor's end" exits 2), no bytes.
+    let out = Command::new(rknot_bin())
+        .args(["cat", model.to_str().unwrap(), "blk_7_attn_v_weight"])
+        .args(["--offset", &full.len().to_string(), "--length", "10"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("past the end"));
     let out = Command::new(rknot_bin())
         .args(["inspect", "--json", model.to_str().unwrap()])
         .output()
@@ -143,6 +173,10 @@ fn cli_cat_ranges_and_inspect_json() {
 
 /// GGUF -> dense .knot (blocks verbatim) -> every tensor identical.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn dense_knot_repack_decodes_identically() {
     let Some(model) = smollm2() else { return };
     let src = SourceFile::open(&model).unwrap();
@@ -193,6 +227,10 @@ fn dense_knot_repack_decodes_identically() {
 /// Vᵀ = the first r rows of the identity, so Ŵ keeps W's first r columns),
 /// layered over the GGUF.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn sk32_from_smollm2_layers_over_the_gguf() {
     let Some(model) = smollm2() else { return };
     let dense = backend::open_single(&model, Role::Fallback).unwrap();

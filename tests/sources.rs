@@ -69,6 +69,10 @@ fn cp_in_place(new: &Path, old: &Path) {
 /// old offsets; cached ones keep being served; the daemon stays up and
 /// says why in its log.
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn source_rewritten_in_place_fails_reads_never_serves_moved_bytes() {
     if !fuse_available() {
         return;
@@ -132,6 +136,10 @@ fn source_rewritten_in_place_fails_reads_never_serves_moved_bytes() {
 /// fails (exit 1, the reason on stderr) instead of finishing with bytes
 /// from the new file at the old offsets.
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
 fn cat_of_a_file_changed_while_reading_fails() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();

@@ -91,6 +91,14 @@ print("KEYS", len(a))
 "#;
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn smollm2_safetensors_and_gguf_views_read_back() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -164,6 +172,14 @@ fn smollm2_safetensors_and_gguf_views_read_back() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn sk32_over_gguf_views_read_back() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -334,6 +350,10 @@ fn safetensors_boundaries(want: &[u8]) -> Vec<u64> {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn view_reads_straddle_every_boundary() {
     if !fuse_available() {
         return;
@@ -471,6 +491,10 @@ print("OK", n)
 "#;
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn half_precision_views_match_numpy() {
     if !fuse_available() {
         return;
@@ -555,6 +579,10 @@ fn half_precision_views_match_numpy() {
 }
 
 #[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn views_option_and_namespace() {
     if !fuse_available() {
         return;
@@ -563,12 +591,12 @@ fn views_option_and_namespace() {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    // --views is checked by the argument parser (usage error, 2); -o
-    // views= with the other -o options (1). Nothing is mounted.
+    // A bad --views or -o views= is a usage error (2, README: a bad `-o`
+    // value exits 2). Nothing is mounted.
     for (args, code) in [
         (vec!["--views", "f32,f64"], 2),
-        (vec!["-o", "views=f32,f64"], 1),
-        (vec!["-o", "views=f16,fp8"], 1),
+        (vec!["-o", "views=f32,f64"], 2),
+        (vec!["-o", "views=f16,fp8"], 2),
     ] {
         let o = Command::new(mount_bin())
             .arg(&gguf)
@@ -651,11 +679,25 @@ fn views_option_and_namespace() {
 
 /// llama.cpp loads `model.gguf` through mmap and generates, greedily, the
 /// same first tokens as from the source GGUF. Opt-in: set
-/// RKNOT_LLAMA_PYTHON to a python3 that can `import llama_cpp`
-/// (llama-cpp-python); skipped otherwise.
+/// RKNOT_LLAMA_PYTHON, when building and running the tests, to a python3
+/// that can `import llama_cpp` (llama-cpp-python); ignored otherwise (build.rs
+/// emits `rknot_no_llama`). Needs the model and FUSE too.
 #[test]
+#[cfg_attr(
+    rknot_no_llama,
+    ignore = "opt-in: set RKNOT_LLAMA_PYTHON to a python3 with llama_cpp (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_model, not(rknot_no_llama)),
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_llama), not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
 fn llama_cpp_runs_the_gguf_view() {
-    let Some(py) = std::env::var_os("RKNOT_LLAMA_PYTHON") else {
+    let Some(py) = std::env::var_os("RKNOT_LLAMA_PYTHON").filter(|p| !p.is_empty()) else {
+        // Run with --ignored, or built with RKNOT_LLAMA_PYTHON but run without.
         eprintln!("NOTE: skipping: set RKNOT_LLAMA_PYTHON to a python3 with llama_cpp");
         return;
     };

@@ -20,6 +20,9 @@ pub const SMOLLM2_REL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The SmolLM2 GGUF, or `None` with a printed note when it is absent.
 /// With `RKNOT_REQUIRE_MODEL=1` (set by tools/test.sh) a missing model fails
 /// the test instead: CI must never skip the real-model checks silently.
+/// Without it, tests that need the model are ignored at build time
+/// (`rknot_no_model`, build.rs); this covers a binary run elsewhere than it
+/// was built, or with `--ignored`.
 pub fn smollm2() -> Option<PathBuf> {
     let p = std::env::var_os("RKNOT_SMOLLM2")
         .map(PathBuf::from)

@@ -12,7 +12,10 @@ pub fn mount_bin() -> PathBuf {
 }
 
 /// Whether this machine can mount. With `RKNOT_REQUIRE_FUSE=1` (set by
-/// .ci/run) a machine that cannot is a test failure, never a silent skip.
+/// tools/test.sh and .ci/run) a machine that cannot is a test failure, never
+/// a silent skip. Without it, tests that need FUSE are ignored at build time
+/// (`rknot_no_fuse`, build.rs); this run-time check covers a binary run
+/// elsewhere than it was built, or with `--ignored`.
 pub fn fuse_available() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
