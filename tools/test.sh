@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, with its set-up, on a fresh Debian machine with the
-# Rust toolchain and python3: fetches the SmolLM2 test model, installs the
-# Python packages the cross-checks use, then runs lint, every cargo test
+# Rust toolchain and python3: installs the Python packages the cross-checks
+# use in a virtual environment (tools/python-env.sh; Debian's python3 refuses
+# pip into the system), fetches the SmolLM2 test model, then runs lint, every cargo test
 # (the real-model tests are mandatory here), the reader fuzzers for a bounded
 # time, and the independent reader written from docs/FORMAT.md.
 #
@@ -41,13 +42,17 @@ if [ -n "$missing" ]; then
     echo "missing:$missing (install them; the capability check below names what the tests need)"
   fi
 fi
+# The Python packages the cross-checks use, in a virtual environment that
+# stays first on PATH for everything below (cargo's tests run `python3`):
+# tools/python-env.sh says why and where (RKNOT_VENV). A failing install
+# fails the run: the Python checks need these.
+. tools/python-env.sh
+rknot_python_env 'numpy>=1.26' 'safetensors>=0.4' 'gguf==0.19.0'
+echo "python3: $(command -v python3) ($(python3 --version 2>&1))"
 if ! tools/fetch-smollm2.sh; then
   echo "could not fetch the SmolLM2 test model (tools/fetch-smollm2.sh)"
   $allow_skip || exit 1
 fi
-# (a failing pip install fails the run: the Python checks need these)
-python3 -m pip install --quiet --disable-pip-version-check 'numpy>=1.26' 'safetensors>=0.4' 'gguf==0.19.0' 2>&1 \
-  | { grep -v "Running pip as the 'root' user" || true; }
 
 step "capabilities: FUSE mounts and the SmolLM2 model"
 # The same checks as build.rs and the tests' fuse_available()/smollm2().
