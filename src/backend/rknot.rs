@@ -152,17 +152,17 @@ impl RknotBackend {
     }
 }
 
-/// The stored bytes of one tensor's blocks for one read: each block read
-/// alone, or in a file with checksums its whole group, verified, and kept
-/// while the next blocks the read decodes fall in it (a read visits a row
-/// of tiles in block order, so each group is read and verified once).
+/// The stored bytes of one tensor's blocks for one read: a run of
+/// consecutive blocks read with one pread and kept while the next blocks
+/// the read decodes fall in it (a read visits a row of tiles in block
+/// order). In a file with checksums the run is the block's checksum group,
+/// verified once; without, about a group's worth (one syscall per ~8 KiB,
+/// not per block of ~200 bytes).
 struct BlockBytes<'a> {
     t: &'a RknotTensorInfo,
     buf: Vec<u8>,
-    /// The group held in `buf` and its absolute offset.
-    held: Option<(u64, u64)>,
-    /// Without checksums: the blocks `[b0, b1)` held in `buf`, from `start`.
-    run: Option<(u64, u64, u64)>,
+    /// The blocks `[b0, b1)` held in `buf`, and their absolute offset.
+    held: Option<(u64, u64, u64)>,
 }
 
 impl<'a> BlockBytes<'a> {
@@ -171,112 +171,93 @@ impl<'a> BlockBytes<'a> {
             t,
             buf: Vec::new(),
             held: None,
-            run: None,
         }
     }
 
     /// Absolute offset and stored bytes of block `b`.
     fn block(&mut self, src: &SourceFile, b: u64) -> Result<(u64, &[u8])> {
-        let t = self.t;
-        let no_block = || {
-            crate::Error::new(ErrorKind::OutOfBounds, format!("block {b}: no such block"))
-                .tensor(&t.name)
-                .path(src.path())
-        };
-        let (off, len) = t.blocks.get(b).ok_or_else(no_block)?;
-        let Some(sums) = &t.sums else {
-            return self.run_of(src, b, off, len);
-        };
-        let g = b / sums.group;
+        let (off, len) = self
+            .t
+            .blocks
+            .get(b)
+            .ok_or_else(|| self.error(src, b, "no such block"))?;
         let start = match self.held {
-            Some((held, start)) if held == g => start,
+            Some((b0, b1, start)) if (b0..b1).contains(&b) => start,
             _ => {
                 self.held = None;
-                let n = t.grid.n_blocks();
-                let g0 = g * sums.group;
-                let g1 = n.min(g0 + sums.group);
-                // Checked at open: the group's blocks are back to back and
-                // at most MAX_GROUP_BYTES long.
-                let (start, glen) = t.blocks.span(g0, g1).ok_or_else(no_block)?;
-                self.buf.resize(glen as usize, 0);
-                src.read_at(start, &mut self.buf)
-                    .map_err(|e| e.tensor(&t.name))?;
-                if let Err((stored, actual)) = sums.check(g, &self.buf) {
-                    return Err(crate::Error::new(
-                        ErrorKind::Checksum,
-                        format!(
-                            "blocks [{g0}, {g1}) (group {g}, {glen} bytes) have CRC-32 \
-                             {actual:08x}, the file records {stored:08x}: the stored bytes are \
-                             damaged"
-                        ),
-                    )
-                    .tensor(&t.name)
-                    .path(src.path())
-                    .at(start));
-                }
-                self.held = Some((g, start));
-                self.run = None;
-                start
+                let held = self.fetch(src, b, off, len)?;
+                self.held = Some(held);
+                held.2
             }
         };
-        self.slice(src, b, off, start, len)
-    }
-
-    /// Block `b`'s bytes (at `off`, `len` long) in `buf`, which holds the
-    /// bytes from `start`: checked, so a table that broke the back-to-back
-    /// rule fails this read instead of the daemon.
-    fn slice(
-        &self,
-        src: &SourceFile,
-        b: u64,
-        off: u64,
-        start: u64,
-        len: u32,
-    ) -> Result<(u64, &[u8])> {
+        // Checked, so a table that broke the back-to-back rule fails this
+        // read instead of the daemon.
         off.checked_sub(start)
             .and_then(|rel| self.buf.get(rel as usize..rel as usize + len as usize))
             .map(|bytes| (off, bytes))
             .ok_or_else(|| {
-                crate::Error::new(
-                    ErrorKind::OutOfBounds,
-                    format!("block {b}: not inside the run of blocks read with it"),
-                )
-                .tensor(&self.t.name)
-                .path(src.path())
-                .at(off)
+                self.error(src, b, "not inside the run of blocks read with it")
+                    .at(off)
             })
     }
 
-    /// Without checksums: block `b` (at `off`, `len` bytes) from a run of
-    /// consecutive blocks read with one pread, about a group's worth
-    /// (a read decodes a row of tiles in block order: one syscall per run,
-    /// not per block of ~200 bytes).
-    fn run_of(&mut self, src: &SourceFile, b: u64, off: u64, len: u32) -> Result<(u64, &[u8])> {
+    /// Read the run holding block `b` (at `off`, `len` bytes) into `buf`:
+    /// its checksum group, verified, or without checksums the blocks from
+    /// `b` on, about a group's worth. Returns the run's blocks and offset.
+    fn fetch(&mut self, src: &SourceFile, b: u64, off: u64, len: u32) -> Result<(u64, u64, u64)> {
         let t = self.t;
-        let held = self
-            .run
-            .filter(|&(b0, b1, _)| (b0..b1).contains(&b))
-            .map(|(_, _, start)| start);
-        let start = match held {
-            Some(start) => start,
+        let n = t.grid.n_blocks();
+        let (b0, b1, start, run_len) = match &t.sums {
+            Some(sums) => {
+                let g0 = b / sums.group * sums.group;
+                let g1 = n.min(g0 + sums.group);
+                // Checked at open: the group's blocks are back to back and
+                // at most MAX_GROUP_BYTES long.
+                let (start, glen) = t
+                    .blocks
+                    .span(g0, g1)
+                    .ok_or_else(|| self.error(src, b, "its group is not back to back"))?;
+                (g0, g1, start, glen)
+            }
             None => {
                 let per = (checksum::WRITE_GROUP_BYTES / u64::from(len).max(1)).max(1);
-                let b1 = t.grid.n_blocks().min(b + per);
-                // Version 3 blocks are back to back; version 2 lists each
-                // block on its own, so a run is that block alone.
-                let (b1, span) = match t.blocks.span(b, b1) {
-                    Some((s, l)) if s == off && l <= checksum::WRITE_GROUP_BYTES * 2 => (b1, l),
-                    _ => (b + 1, u64::from(len)),
-                };
-                self.buf.resize(span as usize, 0);
-                src.read_at(off, &mut self.buf)
-                    .map_err(|e| e.tensor(&t.name))?;
-                self.held = None;
-                self.run = Some((b, b1, off));
-                off
+                let b1 = n.min(b + per);
+                // Version 2 lists each block on its own (no spans): a run
+                // is then that block alone.
+                match t.blocks.span(b, b1) {
+                    Some((s, l)) if s == off && l <= checksum::WRITE_GROUP_BYTES * 2 => {
+                        (b, b1, off, l)
+                    }
+                    _ => (b, b + 1, off, u64::from(len)),
+                }
             }
         };
-        self.slice(src, b, off, start, len)
+        self.buf.resize(run_len as usize, 0);
+        src.read_at(start, &mut self.buf)
+            .map_err(|e| e.tensor(&t.name))?;
+        if let Some(sums) = &t.sums {
+            let g = b0 / sums.group;
+            if let Err((stored, actual)) = sums.check(g, &self.buf) {
+                return Err(crate::Error::new(
+                    ErrorKind::Checksum,
+                    format!(
+                        "blocks [{b0}, {b1}) (group {g}, {run_len} bytes) have CRC-32 \
+                         {actual:08x}, the file records {stored:08x}: the stored bytes are \
+                         damaged"
+                    ),
+                )
+                .tensor(&t.name)
+                .path(src.path())
+                .at(start));
+            }
+        }
+        Ok((b0, b1, start))
+    }
+
+    fn error(&self, src: &SourceFile, b: u64, what: &str) -> crate::Error {
+        crate::Error::new(ErrorKind::OutOfBounds, format!("block {b}: {what}"))
+            .tensor(&self.t.name)
+            .path(src.path())
     }
 }
 

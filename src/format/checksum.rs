@@ -160,13 +160,6 @@ impl ChunkSums {
         })
     }
 
-    /// The sums of `data` in chunks of `chunk` bytes.
-    pub fn of(data: &[u8], chunk: u64) -> ChunkSums {
-        let mut w = ChunkHasher::new(chunk);
-        w.update(data);
-        w.finish()
-    }
-
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({"chunk": self.chunk, "values": self.values})
     }
@@ -591,7 +584,9 @@ mod tests {
     #[test]
     fn chunk_hasher_matches_whole_chunks_in_any_pieces() {
         let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
-        let whole = ChunkSums::of(&data, 64);
+        let mut one = ChunkHasher::new(64);
+        one.update(&data);
+        let whole = one.finish();
         assert_eq!(whole.values.len(), 16);
         assert_eq!(whole.values[15], crc32(&data[960..]));
         let mut h = ChunkHasher::new(64);
