@@ -536,25 +536,33 @@ impl<'de> Entries<'de> for GroupFields<'_> {
     }
 }
 
-/// An entry's `crc32` as parsed, checked against its `length`: required
-/// in a `checked` file (one with a KSUM record), refused in another.
+/// A checksum field as parsed: required in a `checked` file (one with a
+/// KSUM record), refused in another (a writer writes both or neither).
+pub fn present_if_checked<T>(raw: Option<T>, checked: bool, what: &str) -> Result<Option<T>> {
+    match (raw, checked) {
+        (Some(v), true) => Ok(Some(v)),
+        (None, false) => Ok(None),
+        (_, has) => Err(inconsistent(has, what)),
+    }
+}
+
+/// An entry's `crc32` as parsed, checked for presence and against its
+/// `length`.
 pub fn entry_sums(
     raw: Option<(u64, Vec<u64>)>,
     checked: bool,
     length: u64,
     what: &str,
 ) -> Result<Option<ChunkSums>> {
-    match (raw, checked) {
-        (Some((chunk, values)), true) => Ok(Some(ChunkSums::validate(chunk, values, length)?)),
-        (None, false) => Ok(None),
-        (_, has) => Err(inconsistent(has, what)),
-    }
+    present_if_checked(raw, checked, what)?
+        .map(|(chunk, values)| ChunkSums::validate(chunk, values, length))
+        .transpose()
 }
 
 /// The error for a checksum field in a file without a KSUM record, or a
 /// checked file's tensor without one: either way the file is damaged (a
 /// writer writes both or neither).
-pub fn inconsistent(has_record: bool, what: &str) -> crate::Error {
+fn inconsistent(has_record: bool, what: &str) -> crate::Error {
     if has_record {
         err(
             ErrorKind::Checksum,

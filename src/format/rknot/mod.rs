@@ -1240,11 +1240,10 @@ fn build_tensor(
         let data = required(r.data, ctx, "data")?;
         let code = required(r.block_lengths, ctx, "block_lengths")?;
         info.blocks = packed_blocks(&info, &data, code, layout, index)?;
-        info.sums = match (r.block_crc32, layout.ksum.is_some()) {
-            (Some((at, group)), true) => Some(group_sums(&info, at, group, layout, index)?),
-            (None, false) => None,
-            (_, has) => return Err(checksum::inconsistent(has, "the tensor")),
-        };
+        info.sums =
+            checksum::present_if_checked(r.block_crc32, layout.ksum.is_some(), "the tensor")?
+                .map(|(at, group)| group_sums(&info, at, group, layout, index))
+                .transpose()?;
     }
     Ok(info)
 }
