@@ -24,8 +24,11 @@
 //! CARGO_TARGET_DIR) emit the cfg as if the capability were missing, unless
 //! the matching RKNOT_REQUIRE_* is set.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
+
+#[path = "tests/common/capability.rs"]
+mod capability;
 
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok()?;
@@ -57,26 +60,10 @@ fn env_flag(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
-/// Whether this build could mount: effective uid 0, /dev/fuse opens
-/// read-write and fusermount3 is installed (what the tests'
-/// `fuse_available()` checks at run time).
+/// Whether this build could mount: what the tests' `fuse_available()`
+/// checks at run time, from the same file.
 fn can_mount() -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false);
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .is_ok();
-    let helper =
-        Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists();
-    root && dev && helper
+    capability::mount_lacks().is_empty()
 }
 
 /// Whether the SmolLM2 test model is there, watching its path so that the

@@ -139,6 +139,7 @@ pub fn python(script: &str, args: &[&Path]) -> Option<String> {
     }
     Some(String::from_utf8(o.stdout).unwrap())
 }
+pub mod capability;
 pub mod mount;
 pub mod users;
 

@@ -17,26 +17,18 @@ pub fn mount_bin() -> PathBuf {
 /// (`rknot_no_fuse`, build.rs); this run-time check covers a binary run
 /// elsewhere than it was built, or with `--ignored`.
 pub fn fuse_available() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .is_ok();
-    let helper =
-        Path::new("/usr/bin/fusermount3").exists() || Path::new("/bin/fusermount3").exists();
-    let ok = root && dev && helper;
-    if !ok {
+    let lacks = super::capability::mount_lacks();
+    if !lacks.is_empty() {
         let why = format!(
-            "FUSE mount tests need root, /dev/fuse and fusermount3 (root {root}, /dev/fuse {dev}, fusermount3 {helper})"
+            "FUSE mount tests need root, /dev/fuse and fusermount3 (missing: {})",
+            lacks.join(", ")
         );
         if super::env_flag("RKNOT_REQUIRE_FUSE") {
             panic!("{why}; RKNOT_REQUIRE_FUSE is set, so this is a failure");
         }
         eprintln!("NOTE: skipping: {why}");
     }
-    ok
+    lacks.is_empty()
 }
 
 pub fn is_mounted(mp: &Path) -> bool {
