@@ -1,8 +1,10 @@
 //! Caches of the daemon. `decoded`: decoded chunks of tensors (f32),
 //! bounded in bytes, decoded once however many readers miss them; every
-//! read of the mount goes through it.
+//! read of the mount goes through it. `store`: whole decoded files on disk
+//! (`--decoded-cache`), served by FUSE passthrough.
 
 mod decoded;
+pub mod store;
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -416,6 +416,9 @@ impl TensorFs {
         for (name, why) in &self.ns.unserved {
             o += &format!("unserved:  {}: {}\n", Escaped(name), Escaped(why));
         }
+        if let Some(d) = self.decoded() {
+            o += &d.status_text();
+        }
         if let Some(i) = &self.config.integrity {
             o += &i.status_text();
         }
@@ -469,6 +472,7 @@ impl TensorFs {
             "jobs_dir": self.jobs.as_ref().map(|j| j.jobs_dir().display().to_string()),
             "jobs": self.jobs.as_ref().map_or(Value::Array(Vec::new()), |j| j.to_json()),
             "integrity": self.config.integrity.as_ref().map(|i| i.status_json()),
+            "decoded_cache": self.decoded().map(|d| d.status_json()),
             "last_error": lock(&self.ctl.last_error).clone(),
         })
     }

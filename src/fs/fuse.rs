@@ -1,19 +1,22 @@
 //! The thin FUSE adapter: turns fuser callbacks into [`TensorFs`] calls and
 //! its results into replies. No filesystem logic lives here.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    BackingId, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, CTL_INO, Caller, Kind, TensorFs};
+use super::{Attr, CTL_INO, Caller, Kind, OpenMode, TensorFs};
+use crate::cache::lock;
+use crate::cache::store::Entry;
 
 /// Attributes and entries of the tensor files and views never change during
 /// a mount, so the kernel may cache them for a long time (the live files,
@@ -29,6 +32,42 @@ pub struct FuseAdapter {
     pub fs: Arc<TensorFs>,
     /// Reads waiting on their own threads (see `read`).
     pub held: Arc<AtomicUsize>,
+    /// With a decoded-file store: how each open data inode is served.
+    backing: Arc<Mutex<HashMap<u64, Backing>>>,
+    /// Opens decoding into the store on threads of their own.
+    decoding: Arc<AtomicUsize>,
+}
+
+/// How an open tensor file or view is served while any handle of it is
+/// open: the kernel fails a passthrough open while a page-cache open of the
+/// same inode is held (and the other way round), so every open of an inode
+/// is served the way its first one was, until the last one is released.
+enum Backing {
+    /// By the kernel from a store entry: one backing registration per
+    /// inode, reused by every open; the entry's lock keeps it from eviction.
+    Passthrough {
+        id: BackingId,
+        _entry: Entry,
+        open: usize,
+    },
+    /// By the daemon, as without a store.
+    Plain { open: usize },
+}
+
+/// Opens decoding into the store on threads of their own, at most; further
+/// ones decode in the FUSE worker.
+const MAX_DECODING_OPENS: usize = 64;
+
+/// The kernel's flags for an open served by the daemon.
+fn plain_flags(m: &OpenMode) -> FopenFlags {
+    let mut f = FopenFlags::empty();
+    if m.keep_cache {
+        f |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if m.direct_io {
+        f |= FopenFlags::FOPEN_DIRECT_IO;
+    }
+    f
 }
 
 /// Reads that wait for a whole-file check on threads of their own, at
@@ -41,8 +80,100 @@ impl FuseAdapter {
         FuseAdapter {
             fs: Arc::new(fs),
             held: Arc::new(AtomicUsize::new(0)),
+            backing: Arc::new(Mutex::new(HashMap::new())),
+            decoding: Arc::new(AtomicUsize::new(0)),
         }
     }
+}
+
+/// Answer open `m` of `ino` the way the inode is served now, if any handle
+/// of it is open; gives the reply back otherwise.
+fn reuse_backing(
+    fs: &TensorFs,
+    table: &mut HashMap<u64, Backing>,
+    ino: u64,
+    m: &OpenMode,
+    reply: ReplyOpen,
+) -> Option<ReplyOpen> {
+    let d = fs.decoded()?;
+    match table.get_mut(&ino) {
+        Some(Backing::Passthrough { id, open, .. }) => {
+            *open += 1;
+            d.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+            reply.opened_passthrough(FileHandle(m.fh), FopenFlags::empty(), id);
+            None
+        }
+        Some(Backing::Plain { open }) => {
+            *open += 1;
+            d.plain_opens.fetch_add(1, Ordering::Relaxed);
+            reply.opened(FileHandle(m.fh), plain_flags(m));
+            None
+        }
+        None => Some(reply),
+    }
+}
+
+/// The first open of `ino` with a store: decode it into the store (or find
+/// it there), register the entry as the inode's backing file and answer
+/// with passthrough; on any failure serve the inode by the daemon.
+fn open_from_store(
+    fs: &TensorFs,
+    backing: &Mutex<HashMap<u64, Backing>>,
+    ino: u64,
+    m: OpenMode,
+    reply: ReplyOpen,
+) {
+    let entry = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fs.decoded_entry(ino)));
+    let mut table = lock(backing);
+    // Another open of the inode may have been answered meanwhile.
+    let Some(reply) = reuse_backing(fs, &mut table, ino, &m, reply) else {
+        return;
+    };
+    let Some(d) = fs.decoded() else {
+        return reply.opened(FileHandle(m.fh), plain_flags(&m));
+    };
+    if let Ok(Ok((entry, _))) = entry {
+        match reply.open_backing(&entry.file) {
+            Ok(id) => {
+                reply.opened_passthrough(FileHandle(m.fh), FopenFlags::empty(), &id);
+                d.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+                d.backing_open.fetch_add(1, Ordering::Relaxed);
+                table.insert(
+                    ino,
+                    Backing::Passthrough {
+                        id,
+                        _entry: entry,
+                        open: 1,
+                    },
+                );
+                return;
+            }
+            Err(e) => {
+                let refused = matches!(
+                    e.raw_os_error(),
+                    Some(
+                        libc::EPERM | libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY | libc::ENOSYS
+                    )
+                );
+                if refused {
+                    d.disable(&format!(
+                        "the kernel refused to register a backing file: {e}"
+                    ));
+                } else {
+                    crate::logging::throttled!(
+                        log::Level::Warn,
+                        "decoded cache backing",
+                        "decoded cache: cannot register a backing file ({e}); serving by the daemon",
+                    );
+                }
+            }
+        }
+    } else if entry.is_err() {
+        log::error!("decoding into the decoded cache panicked (a bug); serving by the daemon");
+    }
+    d.plain_opens.fetch_add(1, Ordering::Relaxed);
+    table.insert(ino, Backing::Plain { open: 1 });
+    reply.opened(FileHandle(m.fh), plain_flags(&m));
 }
 
 fn file_attr(a: &Attr) -> FileAttr {
@@ -115,6 +246,21 @@ impl Filesystem for FuseAdapter {
             wanted |= InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         }
         let offered = config.capabilities();
+        if let Some(d) = self.fs.decoded().filter(|d| d.enabled()) {
+            if offered.contains(InitFlags::FUSE_PASSTHROUGH) {
+                wanted |= InitFlags::FUSE_PASSTHROUGH;
+                // 1: backing files on a plain filesystem (0 disables
+                // passthrough).
+                if let Err(v) = config.set_max_stack_depth(1) {
+                    let _ = config.set_max_stack_depth(v);
+                }
+            } else {
+                d.disable(
+                    "the kernel does not offer FUSE passthrough (Linux >= 6.9 with \
+                     CONFIG_FUSE_PASSTHROUGH)",
+                );
+            }
+        }
         if let Err(missing) = config.add_capabilities(wanted & offered) {
             log::warn!("kernel refused FUSE capabilities {missing:?}");
         }
@@ -182,19 +328,46 @@ impl Filesystem for FuseAdapter {
         let acc = flags.acc_mode();
         let read = acc != OpenAccMode::O_WRONLY;
         let write = acc != OpenAccMode::O_RDONLY;
-        match self.fs.open(ino.0, read, write, caller(req)) {
-            Ok(m) => {
-                let mut f = FopenFlags::empty();
-                if m.keep_cache {
-                    f |= FopenFlags::FOPEN_KEEP_CACHE;
-                }
-                if m.direct_io {
-                    f |= FopenFlags::FOPEN_DIRECT_IO;
-                }
-                reply.opened(FileHandle(m.fh), f);
-            }
-            Err(e) => reply.error(errno(e)),
+        let m = match self.fs.open(ino.0, read, write, caller(req)) {
+            Ok(m) => m,
+            Err(e) => return reply.error(errno(e)),
+        };
+        if self.fs.decoded().is_none() || !self.fs.is_data(ino.0) {
+            return reply.opened(FileHandle(m.fh), plain_flags(&m));
         }
+        let mut table = lock(&self.backing);
+        let Some(reply) = reuse_backing(&self.fs, &mut table, ino.0, &m, reply) else {
+            return;
+        };
+        if !self.fs.wants_passthrough(ino.0) {
+            if let Some(d) = self.fs.decoded() {
+                d.plain_opens.fetch_add(1, Ordering::Relaxed);
+            }
+            table.insert(ino.0, Backing::Plain { open: 1 });
+            return reply.opened(FileHandle(m.fh), plain_flags(&m));
+        }
+        drop(table);
+        // A first open decodes the whole file (seconds for a large view)
+        // on a thread of its own, so the FUSE workers keep answering.
+        if self.decoding.fetch_add(1, Ordering::AcqRel) < MAX_DECODING_OPENS {
+            let (fs, backing, decoding) =
+                (self.fs.clone(), self.backing.clone(), self.decoding.clone());
+            let spawned = std::thread::Builder::new()
+                .name("rknot-decode-open".into())
+                .spawn(move || {
+                    open_from_store(&fs, &backing, ino.0, m, reply);
+                    decoding.fetch_sub(1, Ordering::AcqRel);
+                });
+            if let Err(e) = spawned {
+                // The reply went with the closure; dropped unsent, fuser
+                // answers the open with EIO.
+                self.decoding.fetch_sub(1, Ordering::AcqRel);
+                log::error!("cannot start a thread for an open: {e}");
+            }
+            return;
+        }
+        self.decoding.fetch_sub(1, Ordering::AcqRel);
+        open_from_store(&self.fs, &self.backing, ino.0, m, reply);
     }
 
     fn read(
@@ -281,7 +454,7 @@ impl Filesystem for FuseAdapter {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -289,6 +462,21 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         self.fs.release(fh.0);
+        if let Some(d) = self.fs.decoded() {
+            let mut table = lock(&self.backing);
+            let last = match table.get_mut(&ino.0) {
+                Some(Backing::Passthrough { open, .. } | Backing::Plain { open }) => {
+                    *open = open.saturating_sub(1);
+                    *open == 0
+                }
+                None => false,
+            };
+            if last && let Some(Backing::Passthrough { .. }) = table.remove(&ino.0) {
+                // Dropped: the registration is closed and the entry's
+                // lock released (it may be evicted from now on).
+                d.backing_open.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         reply.ok();
     }
 

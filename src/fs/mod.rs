@@ -32,12 +32,14 @@
 //! [`read`] (the read path over the cache), [`ctl`] (the control files:
 //! snapshots, commands, who may command), [`index`] (index.json, served in
 //! pages), [`views`] (engine views), [`prefetch`] (read-ahead threads),
-//! [`fuse`] (the fuser adapter).
+//! [`passthrough`] (opens served from the decoded-file store), [`fuse`]
+//! (the fuser adapter).
 
 mod ctl;
 pub mod fuse;
 mod index;
 mod namespace;
+pub mod passthrough;
 mod prefetch;
 mod read;
 pub mod views;
@@ -100,6 +102,9 @@ pub struct FsConfig {
     /// Manifest checks of the backend (`--manifest`): reported in `ctl`;
     /// a failed whole-file check under `unverified=allow` drops the cache.
     pub integrity: Option<Arc<crate::integrity::manifest::MountIntegrity>>,
+    /// The decoded-file store (`--decoded-cache`) and whether opens may be
+    /// served from it by passthrough.
+    pub decoded: Option<passthrough::DecodedSetup>,
 }
 
 /// Where `ctl` encoding jobs read and write.
@@ -126,6 +131,7 @@ impl Default for FsConfig {
             views: ViewSet::default(),
             jobs: None,
             integrity: None,
+            decoded: None,
         }
     }
 }
@@ -205,6 +211,8 @@ pub struct TensorFs {
     jobs: Option<Arc<crate::jobs::JobManager>>,
     /// Direct I/O as configured, unless the kernel cannot mmap such files.
     direct_io: AtomicBool,
+    /// The decoded-file store, with `--decoded-cache`.
+    decoded: Option<passthrough::Decoded>,
 }
 
 impl TensorFs {
@@ -320,6 +328,9 @@ impl TensorFs {
                 }
             });
         }
+        let decoded = config.decoded.as_ref().map(|setup| {
+            passthrough::Decoded::new(setup, passthrough::source_ids(shared.backend.as_ref()))
+        });
         let prefetch = prefetch::Prefetcher::start(
             shared.clone(),
             config.prefetch_threads,
@@ -336,6 +347,7 @@ impl TensorFs {
             prefetch,
             ctl: ctl::Ctl::new(),
             direct_io: AtomicBool::new(config.direct_io),
+            decoded,
             jobs,
             config,
         }

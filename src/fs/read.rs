@@ -99,7 +99,7 @@ impl Shared {
     /// Every decode of the read path comes through here, so a decoder panic
     /// (a bug) fails this one read with EIO instead of killing a FUSE
     /// worker thread, which would end the session.
-    fn decode(&self, f: usize, first: u64, out: &mut [f32]) -> Result<()> {
+    pub(super) fn decode(&self, f: usize, first: u64, out: &mut [f32]) -> Result<()> {
         let index = self.files[f].index;
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.backend.read_f32(index, first, out)

@@ -47,7 +47,8 @@ pub struct MountCli {
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
     /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=, views=,
     /// jobs_dir=, max_jobs=, nojobs, stop_timeout=, manifest=,
-    /// unverified=hold|allow. An unknown option or a bad value is a usage
+    /// unverified=hold|allow, decoded_cache=, decoded_cache_gb=,
+    /// nopassthrough. An unknown option or a bad value is a usage
     /// error (exit 2).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -71,11 +72,32 @@ pub struct MountCli {
     /// fails its reads with EIO. See -o unverified= for plain SHA256SUMS.
     #[arg(long, value_name = "FILE.sums")]
     pub manifest: Option<PathBuf>,
+    /// Decoded-file cache: the first open of a tensor file or view decodes
+    /// it whole into a file here, served from then on (and by later mounts)
+    /// by FUSE passthrough at the speed of a local file. Created 0700; its
+    /// filesystem decides the speed (docs/OPERATIONS.md).
+    #[arg(long, value_name = "DIR")]
+    pub decoded_cache: Option<PathBuf>,
+    /// Size limit of --decoded-cache in GB (10^9 bytes, fractions allowed);
+    /// least recently used entries are evicted, never one that is open
+    /// [default: the store's current size plus 90% of the free space on its
+    /// filesystem at mount].
+    #[arg(long, value_name = "GB", value_parser = parse_gb, requires = "decoded_cache")]
+    pub decoded_cache_gb: Option<f64>,
+    /// Never serve files by passthrough (the decoded cache is then unused):
+    /// for comparisons and tests.
+    #[arg(long)]
+    pub no_passthrough: bool,
 }
 
 fn parse_cache_mb(s: &str) -> Result<u64, String> {
     let n: u64 = s.parse().map_err(|_| "not a number".to_string())?;
     super::options::check_cache_mb(n)
+}
+
+fn parse_gb(s: &str) -> Result<f64, String> {
+    let n: f64 = s.parse().map_err(|_| "not a number".to_string())?;
+    super::options::check_gb(n)
 }
 
 fn parse_threads(s: &str) -> Result<usize, String> {
@@ -105,6 +127,9 @@ impl MountCli {
             jobs_dir: self.jobs_dir,
             stop_timeout: self.stop_timeout,
             manifest: self.manifest,
+            decoded_cache: self.decoded_cache,
+            decoded_cache_gb: self.decoded_cache_gb,
+            no_passthrough: self.no_passthrough,
         }
     }
 }

@@ -60,6 +60,11 @@ pub struct MountRequest {
     /// Manifest the source files are checked against (`--manifest`);
     /// overrides `-o manifest=`.
     pub manifest: Option<PathBuf>,
+    /// Decoded-file store (`--decoded-cache`), its limit in GB, and
+    /// `--no-passthrough`; override the `-o` forms.
+    pub decoded_cache: Option<PathBuf>,
+    pub decoded_cache_gb: Option<f64>,
+    pub no_passthrough: bool,
 }
 
 /// A failure before or during mounting: message for the user.
@@ -142,6 +147,7 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         views: req.views.or(opts.views).unwrap_or_default(),
         jobs: jobs_config(req, &opts, &source)?,
         integrity: integrity.clone(),
+        decoded: decoded_setup(req, &opts)?,
         ..FsConfig::default()
     };
     let mut fuse_config = Config::default();
@@ -170,6 +176,35 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
                 .unwrap_or(stop::DEFAULT_STOP_TIMEOUT),
         ),
     })
+}
+
+/// The decoded-file store (`--decoded-cache DIR`), opened (and checked:
+/// owner, mode, no symlink) before anything is mounted.
+fn decoded_setup(
+    req: &MountRequest,
+    opts: &options::MountOpts,
+) -> Result<Option<crate::fs::passthrough::DecodedSetup>, String> {
+    let Some(dir) = req
+        .decoded_cache
+        .clone()
+        .or_else(|| opts.decoded_cache.as_ref().map(PathBuf::from))
+    else {
+        if req.decoded_cache_gb.or(opts.decoded_cache_gb).is_some() {
+            return Err("decoded_cache_gb needs decoded_cache=DIR".into());
+        }
+        return Ok(None);
+    };
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
+    let limit = req
+        .decoded_cache_gb
+        .or(opts.decoded_cache_gb)
+        .map(|gb| (gb * 1e9) as u64);
+    let store = crate::cache::store::DecodedStore::open(&dir, limit)
+        .map_err(|e| format!("--decoded-cache: {e}"))?;
+    Ok(Some(crate::fs::passthrough::DecodedSetup {
+        store: Arc::new(store),
+        passthrough: !(req.no_passthrough || opts.no_passthrough),
+    }))
 }
 
 /// Encoding jobs through `ctl`: outputs go to `--jobs-dir` (default: the

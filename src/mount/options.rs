@@ -6,7 +6,7 @@ use crate::fs::views::{ElemFormat, ViewSet};
 use crate::integrity::manifest::Unverified;
 
 /// Everything `-o` can set.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct MountOpts {
     pub acl: SessionACL,
     pub uid: Option<u32>,
@@ -29,13 +29,18 @@ pub struct MountOpts {
     pub manifest: Option<String>,
     /// What reads do while a whole-file check runs.
     pub unverified: Option<Unverified>,
+    /// Decoded-file store directory and its limit in GB.
+    pub decoded_cache: Option<String>,
+    pub decoded_cache_gb: Option<f64>,
+    pub no_passthrough: bool,
 }
 
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
 uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
 prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
 noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs; stop_timeout=SECS; \
-integrity: manifest=FILE.sums, unverified=hold|allow";
+integrity: manifest=FILE.sums, unverified=hold|allow; decoded cache: decoded_cache=DIR, \
+decoded_cache_gb=N, nopassthrough";
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -56,6 +61,14 @@ pub fn check_cache_mb(n: u64) -> Result<u64, String> {
         return Err(format!(
             "{n} MiB is below the minimum cache of {MIN_CACHE_MB} MiB"
         ));
+    }
+    Ok(n)
+}
+
+/// `--decoded-cache-gb` / `decoded_cache_gb=`: a positive, finite size.
+pub fn check_gb(n: f64) -> Result<f64, String> {
+    if !(n.is_finite() && n > 0.0 && n < 1e9) {
+        return Err(format!("{n} GB: a size above 0 is needed"));
     }
     Ok(n)
 }
@@ -155,6 +168,9 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
                     format!("mount option unverified={v:?}: expected hold or allow")
                 })?);
             }
+            ("decoded_cache", Some(v)) if !v.is_empty() => o.decoded_cache = Some(v.to_string()),
+            ("decoded_cache_gb", Some(v)) => o.decoded_cache_gb = Some(checked(key, v, check_gb)?),
+            ("nopassthrough", None) => o.no_passthrough = true,
             ("views", Some(v)) => {
                 views = Some(v.to_string());
                 views_open = true;

@@ -1,0 +1,766 @@
+//! The decoded-file store (`--decoded-cache DIR`): whole tensor files and
+//! model views decoded once into plain files, which the mount then serves
+//! by FUSE passthrough (`fs::passthrough`).
+//!
+//! Layout of DIR (one flat directory, mode 0700, owned by the daemon's
+//! user, which is checked at open: anyone who could write into it could
+//! plant bytes the mount would serve):
+//! - `<name>.data`: the exact bytes of one served file, nothing else (the
+//!   kernel serves it at the same offsets, so it cannot carry a header);
+//! - `<name>.meta`: JSON sidecar: the entry's key (what it is and of which
+//!   source versions, [`EntryKey`]), its size and the CRC-32 of the data;
+//! - `.tmp.<name>.<pid>.<n>.{data,meta}`: an entry being written.
+//!
+//! `<name>` is the SHA-256 of the key's canonical JSON, so a key with
+//! another source version or build is another file: an entry of another
+//! version is never looked at, let alone served.
+//!
+//! Rules:
+//! - **Atomic entries.** An entry is written under a temporary name, then
+//!   renamed: the data first, the sidecar last. An entry exists only when
+//!   both do and agree, so a crash (or kill -9) at any point leaves nothing
+//!   that is served: at most a temporary file, removed at the next open of
+//!   the store once its writer's process is gone, or a data file without
+//!   its sidecar, which is never used and goes first when room is needed.
+//!   No fsync: what a power loss can leave (a renamed file whose blocks
+//!   never reached the disk) fails the check below and is rebuilt.
+//! - **Checked before first use in each process.** The first use of an
+//!   entry in a mount reads it whole and compares its CRC-32 with the
+//!   sidecar's (crc32fast: tens of GB/s, so the cost is reading the file
+//!   once, which also brings it into the page cache the passthrough reads
+//!   will use). A mismatch, a wrong size, or a sidecar with another key
+//!   removes the entry and builds it again. Entries this process wrote are
+//!   trusted (their CRC was computed from the bytes written).
+//! - **Never evicted while open.** Every holder of an entry (this mount or
+//!   another one on the host) keeps a shared `flock` on its data file.
+//!   Eviction takes an exclusive non-blocking lock and skips what it cannot
+//!   lock; a holder that got its lock checks that the name still points at
+//!   its inode (an eviction may have removed it in between).
+//! - **LRU by size.** Room for a new entry is made by removing the least
+//!   recently used entries (the sidecar's mtime, touched on every use)
+//!   until the data files, plus files being written, fit the limit. An
+//!   entry that cannot fit is not stored (the caller serves the file as if
+//!   there were no store).
+//! - **No symlinks.** Every file is opened relative to the directory's
+//!   descriptor with O_NOFOLLOW, created with O_EXCL and mode 0600.
+//! - **One build per entry in a process.** Concurrent requests for the same
+//!   entry wait for the first one's build. Two mounts of one source may
+//!   build the same entry at once; both write complete files and the second
+//!   rename replaces the first with identical bytes.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::lock;
+use crate::error::{Error, ErrorKind, Result, err};
+use crate::source::SourceVersion;
+
+/// Version of the entry layout (data + sidecar), part of every key.
+const LAYOUT: u32 = 1;
+
+/// Largest sidecar read back: keys are a few hundred bytes.
+const MAX_META_BYTES: u64 = 1 << 20;
+
+/// Block size of the whole-file check.
+const CHECK_BLOCK: usize = 4 << 20;
+
+/// One source file an entry was decoded from: which file and which
+/// version of its data (the read path's notion of "unchanged":
+/// [`SourceVersion::same_data`], so a chmod or a rename of the source does
+/// not invalidate its entries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceId {
+    pub path: String,
+    pub version: SourceVersion,
+}
+
+impl SourceId {
+    fn to_json(&self) -> Value {
+        let v = &self.version;
+        json!({
+            "path": self.path, "dev": v.dev, "ino": v.ino, "size": v.size,
+            "mtime": v.mtime.to_string(),
+        })
+    }
+
+    /// Whether the JSON record `j` (of a sidecar) names the same file as
+    /// `self` (same path, or same device and inode) but another version.
+    fn changed_in(&self, j: &Value) -> bool {
+        let v = &self.version;
+        let same_path = j["path"].as_str() == Some(self.path.as_str());
+        let same_inode = j["dev"].as_u64() == Some(v.dev) && j["ino"].as_u64() == Some(v.ino);
+        (same_path || same_inode) && *j != self.to_json()
+    }
+}
+
+/// What an entry holds: the sources it was decoded from, what was decoded
+/// (e.g. `{"tensor": "blk.0.attn_q.weight", "format": "f32"}`), and the
+/// build that decoded it.
+#[derive(Debug, Clone)]
+pub struct EntryKey {
+    json: Value,
+    name: String,
+}
+
+impl EntryKey {
+    pub fn new(sources: &[SourceId], what: Value) -> EntryKey {
+        let json = json!({
+            "layout": LAYOUT,
+            "build": crate::LONG_VERSION,
+            "sources": sources.iter().map(SourceId::to_json).collect::<Vec<_>>(),
+            "what": what,
+        });
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(json.to_string().as_bytes());
+        let name = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        EntryKey { json, name }
+    }
+
+    /// The entry's file name stem.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// An entry in use: its data file, open read-only, with a shared lock that
+/// keeps it from eviction until this is dropped.
+#[derive(Debug)]
+pub struct Entry {
+    pub file: File,
+    pub size: u64,
+    pub name: String,
+}
+
+/// How [`DecodedStore::get_or_build`] found an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// Present (and checked in this process).
+    Hit,
+    /// Decoded now.
+    Built,
+}
+
+/// Counters for `ctl`.
+#[derive(Debug, Clone, Default)]
+pub struct StoreStats {
+    pub entries: u64,
+    pub bytes: u64,
+    pub limit: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub builds: u64,
+    pub build_failures: u64,
+    pub bytes_built: u64,
+    pub build_secs: f64,
+    pub checks: u64,
+    pub bytes_checked: u64,
+    pub check_secs: f64,
+    pub corrupt: u64,
+    pub too_large: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    builds: AtomicU64,
+    build_failures: AtomicU64,
+    bytes_built: AtomicU64,
+    build_ns: AtomicU64,
+    checks: AtomicU64,
+    bytes_checked: AtomicU64,
+    check_ns: AtomicU64,
+    corrupt: AtomicU64,
+    too_large: AtomicU64,
+}
+
+pub struct DecodedStore {
+    dir: File,
+    path: PathBuf,
+    limit: AtomicU64,
+    /// Entries checked (or written) by this process.
+    checked: Mutex<HashSet<String>>,
+    /// One lock per entry name: a build and the check before it run under
+    /// it, so concurrent requests for one entry wait for one build.
+    flights: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Making room is one at a time in this process.
+    room: Mutex<()>,
+    next_tmp: AtomicU64,
+    counters: Counters,
+}
+
+fn cstr(name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| err(ErrorKind::BadValue, "NUL in a file name"))
+}
+
+fn last_os_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// `flock` on an open file.
+fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
+    // SAFETY: flock on a descriptor `file` owns.
+    if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+        Ok(())
+    } else {
+        Err(last_os_error())
+    }
+}
+
+/// Whether process `pid` exists (on this host's PID namespace).
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    alive || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+impl DecodedStore {
+    /// Open (creating it, mode 0700) the store in `dir`, holding at most
+    /// `limit` bytes of data (default: what it holds now plus 90% of the
+    /// free space of its filesystem). Refused: a symlink, something that is
+    /// not a directory, a directory of another user or one that group or
+    /// others may access.
+    pub fn open(dir: &Path, limit: Option<u64>) -> Result<DecodedStore> {
+        let c = CString::new(dir.as_os_str().as_encoded_bytes())
+            .map_err(|_| err(ErrorKind::BadValue, "NUL in the path").path(dir))?;
+        // SAFETY: a valid C string; mkdir does not keep it.
+        if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
+            let e = last_os_error();
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(Error::io(
+                    dir,
+                    "cannot create the decoded cache directory",
+                    e,
+                ));
+            }
+        }
+        // SAFETY: a valid C string; the descriptor returned is owned below.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::io(
+                dir,
+                "cannot open the decoded cache directory (a symlink or not a directory?)",
+                last_os_error(),
+            ));
+        }
+        // SAFETY: `fd` is a new descriptor nobody else owns.
+        let dir_file = unsafe { File::from_raw_fd(fd) };
+        let m = dir_file
+            .metadata()
+            .map_err(|e| Error::io(dir, "cannot stat", e))?;
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if m.uid() != euid {
+            return Err(err(
+                ErrorKind::Io,
+                format!(
+                    "the decoded cache directory belongs to uid {}, not to this user ({euid}): \
+                     its entries could not be trusted",
+                    m.uid()
+                ),
+            )
+            .path(dir));
+        }
+        if m.mode() & 0o077 != 0 {
+            return Err(err(
+                ErrorKind::Io,
+                format!(
+                    "the decoded cache directory has mode {:o}: others could plant entries \
+                     (chmod 700 it)",
+                    m.mode() & 0o7777
+                ),
+            )
+            .path(dir));
+        }
+        let store = DecodedStore {
+            dir: dir_file,
+            path: dir.to_path_buf(),
+            limit: AtomicU64::new(limit.unwrap_or(u64::MAX)),
+            checked: Mutex::new(HashSet::new()),
+            flights: Mutex::new(HashMap::new()),
+            room: Mutex::new(()),
+            next_tmp: AtomicU64::new(0),
+            counters: Counters::default(),
+        };
+        store.remove_stale_temporaries();
+        if limit.is_none() {
+            let free = free_bytes(&store.dir).map_err(|e| Error::io(dir, "cannot statvfs", e))?;
+            let held = store.inventory().1;
+            store
+                .limit
+                .store(held.saturating_add(free / 10 * 9), Ordering::Relaxed);
+        }
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Names in the directory.
+    fn names(&self) -> Vec<String> {
+        // A second descriptor for the listing: fdopendir takes ownership.
+        // SAFETY: dup of a descriptor we own; fdopendir owns the copy and
+        // closedir closes it.
+        let mut out = Vec::new();
+        unsafe {
+            let fd = libc::dup(self.dir.as_raw_fd());
+            if fd < 0 {
+                return out;
+            }
+            let d = libc::fdopendir(fd);
+            if d.is_null() {
+                libc::close(fd);
+                return out;
+            }
+            libc::rewinddir(d);
+            loop {
+                let e = libc::readdir(d);
+                if e.is_null() {
+                    break;
+                }
+                let name = CStr::from_ptr((*e).d_name.as_ptr());
+                if let Ok(s) = name.to_str()
+                    && s != "."
+                    && s != ".."
+                {
+                    out.push(s.to_string());
+                }
+            }
+            libc::closedir(d);
+        }
+        out
+    }
+
+    /// Open `name` in the store (no symlinks followed).
+    fn open_at(&self, name: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
+        let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a valid C string and our directory descriptor; the new
+        // descriptor is owned by the File.
+        let fd = unsafe {
+            libc::openat(
+                self.dir.as_raw_fd(),
+                c.as_ptr(),
+                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                mode as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(last_os_error());
+        }
+        // SAFETY: a new descriptor nobody else owns.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    fn unlink(&self, name: &str) {
+        if let Ok(c) = cstr(name) {
+            // SAFETY: a valid C string and our directory descriptor.
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) };
+        }
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let (f, t) = (
+            CString::new(from).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+            CString::new(to).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        );
+        let d = self.dir.as_raw_fd();
+        // SAFETY: valid C strings and our directory descriptor.
+        if unsafe { libc::renameat(d, f.as_ptr(), d, t.as_ptr()) } == 0 {
+            Ok(())
+        } else {
+            Err(last_os_error())
+        }
+    }
+
+    /// `fstatat` of `name` (not following a symlink): (inode, size).
+    fn stat_at(&self, name: &str) -> Option<(u64, u64, libc::mode_t)> {
+        let c = cstr(name).ok()?;
+        // SAFETY: a valid C string, our directory and a buffer we own.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstatat(
+                self.dir.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            ) != 0
+            {
+                return None;
+            }
+            #[allow(clippy::unnecessary_cast)]
+            Some((st.st_ino as u64, st.st_size as u64, st.st_mode))
+        }
+    }
+
+    /// Temporary files whose writer is gone (killed mid-decode).
+    fn remove_stale_temporaries(&self) {
+        for n in self.names() {
+            let Some(rest) = n.strip_prefix(".tmp.") else {
+                continue;
+            };
+            let pid = rest.split('.').nth(1).and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(|p| !process_alive(p)) {
+                log::info!("decoded cache: removing {n}, left by a process that is gone");
+                self.unlink(&n);
+            }
+        }
+    }
+
+    /// Remove entries decoded from another version of one of `ours` (same
+    /// path or inode, other size or mtime): a changed source's entries can
+    /// never be used again. Entries still open somewhere are left. Returns
+    /// how many were removed.
+    pub fn evict_changed(&self, ours: &[SourceId]) -> usize {
+        let mut removed = 0;
+        for n in self.names() {
+            let Some(stem) = n.strip_suffix(".meta").filter(|s| !s.starts_with('.')) else {
+                continue;
+            };
+            let Some(meta) = self.read_meta(stem) else {
+                continue;
+            };
+            let stale = meta["key"]["sources"]
+                .as_array()
+                .is_some_and(|srcs| srcs.iter().any(|j| ours.iter().any(|o| o.changed_in(j))));
+            if stale && self.evict(stem) {
+                log::info!(
+                    "decoded cache: removed {stem}, decoded from a source that changed since"
+                );
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    fn read_meta(&self, stem: &str) -> Option<Value> {
+        let f = self
+            .open_at(&format!("{stem}.meta"), libc::O_RDONLY, 0)
+            .ok()?;
+        let m = f.metadata().ok()?;
+        if !m.is_file() || m.len() > MAX_META_BYTES {
+            return None;
+        }
+        let mut buf = vec![0u8; m.len() as usize];
+        f.read_exact_at(&mut buf, 0).ok()?;
+        serde_json::from_slice(&buf).ok()
+    }
+
+    /// Remove entry `stem` unless it is open somewhere. True if removed.
+    fn evict(&self, stem: &str) -> bool {
+        let data = format!("{stem}.data");
+        if let Ok(f) = self.open_at(&data, libc::O_RDONLY, 0) {
+            if flock(&f, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+                return false;
+            }
+            // The sidecar first: without it the data is never used.
+            self.unlink(&format!("{stem}.meta"));
+            self.unlink(&data);
+        } else {
+            self.unlink(&format!("{stem}.meta"));
+        }
+        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Data files (and files being written): (stem or temp name, bytes,
+    /// last use). Orphan data files (no sidecar) count as never used.
+    fn inventory(&self) -> (Vec<(String, u64, i64)>, u64) {
+        let names = self.names();
+        let mut entries = Vec::new();
+        let mut total = 0u64;
+        for n in &names {
+            if n.starts_with(".tmp.") && n.ends_with(".data") {
+                total = total.saturating_add(self.stat_at(n).map_or(0, |s| s.1));
+                continue;
+            }
+            let Some(stem) = n.strip_suffix(".data") else {
+                continue;
+            };
+            let size = self.stat_at(n).map_or(0, |s| s.1);
+            total = total.saturating_add(size);
+            let meta = format!("{stem}.meta");
+            let used = self
+                .open_at(&meta, libc::O_RDONLY, 0)
+                .and_then(|f| f.metadata())
+                .map_or(i64::MIN, |m| m.mtime() * 1_000_000_000 + m.mtime_nsec());
+            entries.push((stem.to_string(), size, used));
+        }
+        (entries, total)
+    }
+
+    /// Evict least recently used entries until `need` more bytes fit.
+    fn make_room(&self, need: u64) -> bool {
+        let _one = lock(&self.room);
+        let (mut entries, mut total) = self.inventory();
+        entries.sort_by_key(|e| e.2);
+        let mut victims = entries.into_iter();
+        while total.saturating_add(need) > self.limit() {
+            let Some((stem, size, _)) = victims.next() else {
+                return false;
+            };
+            if self.evict(&stem) {
+                log::info!("decoded cache: evicted {stem} ({size} B) to make room");
+                total = total.saturating_sub(size);
+            }
+        }
+        true
+    }
+
+    /// The entry for `key` (`size` bytes): present and good, or built now
+    /// by `build`, which fills the (sparse, `size`-byte) file it is given
+    /// and returns the CRC-32 of all its bytes.
+    pub fn get_or_build(
+        &self,
+        key: &EntryKey,
+        size: u64,
+        build: impl FnOnce(&File) -> Result<u32>,
+    ) -> Result<(Entry, Found)> {
+        let flight = lock(&self.flights)
+            .entry(key.name.clone())
+            .or_default()
+            .clone();
+        let _one = lock(&flight);
+        if let Some(e) = self.lookup(key, size) {
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok((e, Found::Hit));
+        }
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        if size > self.limit() || !self.make_room(size) {
+            self.counters.too_large.fetch_add(1, Ordering::Relaxed);
+            return Err(err(
+                ErrorKind::TooLarge,
+                format!(
+                    "{size} B do not fit the decoded cache's limit of {} B (with what is open)",
+                    self.limit()
+                ),
+            )
+            .path(&self.path));
+        }
+        let t = Instant::now();
+        let r = self.build(key, size, build);
+        self.counters
+            .build_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match r {
+            Ok(e) => {
+                self.counters.builds.fetch_add(1, Ordering::Relaxed);
+                self.counters.bytes_built.fetch_add(size, Ordering::Relaxed);
+                lock(&self.checked).insert(key.name.clone());
+                Ok((e, Found::Built))
+            }
+            Err(e) => {
+                self.counters.build_failures.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// The existing entry for `key`, if it is complete and (checked once in
+    /// this process) intact; a bad one is removed.
+    fn lookup(&self, key: &EntryKey, size: u64) -> Option<Entry> {
+        let stem = &key.name;
+        let data = format!("{stem}.data");
+        let file = self.open_at(&data, libc::O_RDONLY, 0).ok()?;
+        // A shared lock, then: is the name still this file? An eviction
+        // may have unlinked it between our open and our lock.
+        flock(&file, libc::LOCK_SH).ok()?;
+        let m = file.metadata().ok()?;
+        if self.stat_at(&data).map(|s| s.0) != Some(m.ino()) {
+            return None;
+        }
+        let bad = |why: String| {
+            log::warn!(
+                "decoded cache: entry {stem} in {} is bad ({why}): removed, decoding again",
+                self.path.display()
+            );
+            self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
+            lock(&self.checked).remove(stem);
+            self.unlink(&format!("{stem}.meta"));
+            self.unlink(&data);
+            None
+        };
+        let meta = self.read_meta(stem)?;
+        if meta["key"] != key.json {
+            return bad("its sidecar names another key".into());
+        }
+        if !m.is_file() || m.uid() != self.dir.metadata().ok()?.uid() {
+            return bad("not a regular file of this user".into());
+        }
+        if meta["size"].as_u64() != Some(size) || m.len() != size {
+            return bad(format!("{} B, expected {size} B", m.len()));
+        }
+        let crc = meta["crc32"].as_u64()?;
+        if !lock(&self.checked).contains(stem) {
+            let t = Instant::now();
+            let got = match crc_of(&file, size) {
+                Ok(c) => c,
+                Err(e) => return bad(format!("cannot read it: {e}")),
+            };
+            let c = &self.counters;
+            c.checks.fetch_add(1, Ordering::Relaxed);
+            c.bytes_checked.fetch_add(size, Ordering::Relaxed);
+            c.check_ns
+                .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            if u64::from(got) != crc {
+                return bad(format!("CRC-32 {got:08x}, its sidecar says {crc:08x}"));
+            }
+            lock(&self.checked).insert(stem.clone());
+        }
+        // Recency for LRU eviction: the sidecar's mtime.
+        if let Ok(f) = self.open_at(&format!("{stem}.meta"), libc::O_RDONLY, 0) {
+            // SAFETY: a descriptor we own; NULL times means "now".
+            unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
+        }
+        Some(Entry {
+            file,
+            size,
+            name: stem.clone(),
+        })
+    }
+
+    fn build(
+        &self,
+        key: &EntryKey,
+        size: u64,
+        build: impl FnOnce(&File) -> Result<u32>,
+    ) -> Result<Entry> {
+        let stem = &key.name;
+        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
+        let tmp = format!(".tmp.{stem}.{}.{n}", std::process::id());
+        let (tmp_data, tmp_meta) = (format!("{tmp}.data"), format!("{tmp}.meta"));
+        // Removes the temporaries on every way out but success (errors and
+        // a panicking decoder alike).
+        struct Cleanup<'a>(&'a DecodedStore, [&'a str; 2], bool);
+        impl Drop for Cleanup<'_> {
+            fn drop(&mut self) {
+                if !self.2 {
+                    for n in self.1 {
+                        self.0.unlink(n);
+                    }
+                }
+            }
+        }
+        let mut cleanup = Cleanup(self, [&tmp_data, &tmp_meta], false);
+        let io = |what: &str, e: io::Error| Error::io(&self.path.join(&tmp_data), what, e);
+        let create = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
+        let f = self
+            .open_at(&tmp_data, create, 0o600)
+            .map_err(|e| io("cannot create", e))?;
+        f.set_len(size).map_err(|e| io("cannot size", e))?;
+        let crc = build(&f)?;
+        let len = f.metadata().map_err(|e| io("cannot stat", e))?.len();
+        if len != size {
+            return Err(err(
+                ErrorKind::Io,
+                format!("decoded {len} B, expected {size} B (a bug)"),
+            )
+            .path(&self.path.join(&tmp_data)));
+        }
+        drop(f);
+        let meta = json!({"key": key.json, "size": size, "crc32": crc});
+        let m = self
+            .open_at(
+                &tmp_meta,
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                0o600,
+            )
+            .map_err(|e| io("cannot create", e))?;
+        m.write_all_at(meta.to_string().as_bytes(), 0)
+            .map_err(|e| io("cannot write", e))?;
+        drop(m);
+        let data = format!("{stem}.data");
+        self.rename(&tmp_data, &data)
+            .map_err(|e| io("cannot rename", e))?;
+        self.rename(&tmp_meta, &format!("{stem}.meta"))
+            .map_err(|e| io("cannot rename", e))?;
+        cleanup.2 = true;
+        let file = self
+            .open_at(&data, libc::O_RDONLY, 0)
+            .map_err(|e| Error::io(&self.path.join(&data), "cannot reopen", e))?;
+        flock(&file, libc::LOCK_SH)
+            .map_err(|e| Error::io(&self.path.join(&data), "cannot lock", e))?;
+        Ok(Entry {
+            file,
+            size,
+            name: stem.clone(),
+        })
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let (entries, bytes) = {
+            let (list, _) = self.inventory();
+            (list.len() as u64, list.iter().map(|e| e.1).sum())
+        };
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        StoreStats {
+            entries,
+            bytes,
+            limit: self.limit(),
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            evictions: get(&c.evictions),
+            builds: get(&c.builds),
+            build_failures: get(&c.build_failures),
+            bytes_built: get(&c.bytes_built),
+            build_secs: get(&c.build_ns) as f64 / 1e9,
+            checks: get(&c.checks),
+            bytes_checked: get(&c.bytes_checked),
+            check_secs: get(&c.check_ns) as f64 / 1e9,
+            corrupt: get(&c.corrupt),
+            too_large: get(&c.too_large),
+        }
+    }
+}
+
+/// Bytes an unprivileged writer may still allocate on `dir`'s filesystem.
+fn free_bytes(dir: &File) -> io::Result<u64> {
+    // SAFETY: fstatvfs fills the zeroed buffer we own.
+    unsafe {
+        let mut s: libc::statvfs = std::mem::zeroed();
+        if libc::fstatvfs(dir.as_raw_fd(), &mut s) != 0 {
+            return Err(last_os_error());
+        }
+        #[allow(clippy::unnecessary_cast)]
+        Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+    }
+}
+
+/// CRC-32 of the first `size` bytes of `file`.
+fn crc_of(file: &File, size: u64) -> io::Result<u32> {
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; CHECK_BLOCK.min(size as usize).max(1)];
+    let mut pos = 0u64;
+    while pos < size {
+        let n = (size - pos).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], pos)?;
+        h.update(&buf[..n]);
+        pos += n as u64;
+    }
+    Ok(h.finalize())
+}
+
+#[cfg(test)]
+mod tests;
