@@ -299,7 +299,6 @@ impl DecodedStore {
             next_tmp: AtomicU64::new(0),
             counters: Counters::default(),
         };
-        store.remove_stale_temporaries();
         if limit.is_none() {
             let free = free_bytes(&store.dir).map_err(|e| Error::io(dir, "cannot statvfs", e))?;
             let held = store.inventory().1;
@@ -414,8 +413,8 @@ impl DecodedStore {
         }
     }
 
-    /// Temporary files whose writer is gone (killed mid-decode).
-    fn remove_stale_temporaries(&self) {
+    /// Remove temporary files whose writer is gone (killed mid-decode).
+    pub fn remove_stale_temporaries(&self) {
         for n in self.names() {
             let Some(rest) = n.strip_prefix(".tmp.") else {
                 continue;

@@ -14,8 +14,10 @@
 //! - **Decoding** streams the file in pieces of at most [`RENDER_BYTES`]:
 //!   all cores decode pieces in parallel and write them at their offsets,
 //!   bypassing the decoded-chunk cache (a full decode must not evict what
-//!   readers use). Memory: cores × a piece, in f32 and in the output format.
-//!   Each piece's CRC-32 is combined in order into the entry's checksum.
+//!   readers use). One file decodes at a time; its memory is cores × a
+//!   piece in f32 and in the output format, at most half the decoded-chunk
+//!   cache's budget (`--cache-mb`). Each piece's CRC-32 is combined in
+//!   order into the entry's checksum.
 //! - **When passthrough is not possible** (no FUSE_PASSTHROUGH from the
 //!   kernel, no CAP_SYS_ADMIN, `--no-passthrough`, the registration of a
 //!   backing file refused), the mount serves files as it does without a
@@ -37,8 +39,13 @@ use crate::cache::lock;
 use crate::cache::store::{DecodedStore, Entry, EntryKey, Found, SourceId};
 use crate::error::Result;
 
-/// Largest piece of a file decoded by one worker at a time.
+/// Largest piece of a file decoded by one worker at a time (in f32; the
+/// f16/bf16 output is half of it). Lowered so that every worker's pieces
+/// fit in half the decoded-chunk cache's budget (`--cache-mb`).
 pub const RENDER_BYTES: u64 = 4 << 20;
+
+/// Smallest piece: below it, per-piece overhead dominates.
+const MIN_RENDER_BYTES: u64 = 64 << 10;
 
 /// The decoded-file store of a mount and whether opens may use it.
 pub struct Decoded {
@@ -54,6 +61,9 @@ pub struct Decoded {
     pub(super) plain_opens: AtomicU64,
     /// Backing files registered with the kernel now.
     pub(super) backing_open: AtomicUsize,
+    /// One file decodes at a time (on every core): the memory of decodes
+    /// stays that of one, however many first opens run at once.
+    render: Mutex<()>,
 }
 
 impl std::fmt::Debug for Decoded {
@@ -100,7 +110,9 @@ impl Decoded {
             passthrough_opens: AtomicU64::new(0),
             plain_opens: AtomicU64::new(0),
             backing_open: AtomicUsize::new(0),
+            render: Mutex::new(()),
         };
+        d.store.remove_stale_temporaries();
         let removed = d.store.evict_changed(&d.sources);
         if removed > 0 {
             log::info!(
@@ -265,9 +277,10 @@ impl TensorFs {
         };
         let key = EntryKey::new(&d.sources, what);
         let t = Instant::now();
-        let r = d
-            .store
-            .get_or_build(&key, size, |file| self.render_into(&node, fmt, size, file));
+        let r = d.store.get_or_build(&key, size, |file| {
+            let _one = lock(&d.render);
+            self.render_into(&node, fmt, size, file)
+        });
         match &r {
             Ok((_, Found::Built)) => log::info!(
                 "decoded cache: {name} ({size} B) decoded into {} in {:.2} s",
@@ -287,15 +300,16 @@ impl TensorFs {
     /// Decode all `size` bytes of `node` into `file`, on every core;
     /// returns their CRC-32.
     fn render_into(&self, node: &Node<'_>, fmt: ElemFormat, size: u64, file: &File) -> Result<u32> {
-        let work = self.render_plan(node, fmt);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        // Each worker holds a piece in f32 and one encoded (<= f32 size).
+        let piece = (self.config.cache_bytes / 2 / (2 * cores as u64))
+            .clamp(MIN_RENDER_BYTES, RENDER_BYTES);
+        let work = self.render_plan(node, fmt, piece);
         let header: &[u8] = match node {
             Node::View(_, l) => l.header(),
             Node::Tensor { .. } => &[],
         };
-        let workers = std::thread::available_parallelism()
-            .map_or(2, |n| n.get())
-            .min(work.len())
-            .max(1);
+        let workers = cores.min(work.len()).max(1);
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
         let sums: Vec<Mutex<Option<crc32fast::Hasher>>> =
@@ -304,15 +318,13 @@ impl TensorFs {
         std::thread::scope(|s| {
             for _ in 0..workers {
                 s.spawn(|| {
-                    let mut vals: Vec<f32> = Vec::new();
-                    let mut out: Vec<u8> = Vec::new();
+                    let mut scratch = (Vec::new(), Vec::new());
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= work.len() || failed.load(Ordering::Relaxed) {
                             break;
                         }
-                        let (at, w) = &work[i];
-                        match self.render_piece(w, header, fmt, &mut vals, &mut out, file, *at) {
+                        match self.render_piece(&work[i], header, fmt, &mut scratch, file) {
                             Ok(h) => *lock(&sums[i]) = Some(h),
                             Err(e) => {
                                 failed.store(true, Ordering::Relaxed);
@@ -347,9 +359,10 @@ impl TensorFs {
     }
 
     /// The pieces of `node` in file order, each with its file offset.
-    fn render_plan(&self, node: &Node<'_>, fmt: ElemFormat) -> Vec<(u64, Work)> {
+    fn render_plan(&self, node: &Node<'_>, fmt: ElemFormat, piece: u64) -> Vec<(u64, Work)> {
         let bpe = fmt.bytes();
-        let step = (RENDER_BYTES / bpe).max(1);
+        // Elements per piece (decoded as f32: 4 bytes each).
+        let step = (piece / 4).max(1);
         let mut plan = Vec::new();
         let tensor = |plan: &mut Vec<(u64, Work)>, at: u64, f: usize, e0: u64, e1: u64| {
             let mut e = e0;
@@ -390,13 +403,11 @@ impl TensorFs {
     /// Decode one piece and write it at `at`; its CRC-32 state.
     fn render_piece(
         &self,
-        w: &Work,
+        (at, w): &(u64, Work),
         header: &[u8],
         fmt: ElemFormat,
-        vals: &mut Vec<f32>,
-        out: &mut Vec<u8>,
+        (vals, out): &mut (Vec<f32>, Vec<u8>),
         file: &File,
-        at: u64,
     ) -> Result<crc32fast::Hasher> {
         let mut h = crc32fast::Hasher::new();
         let io = |e: std::io::Error| {
@@ -408,7 +419,7 @@ impl TensorFs {
                     crate::error::err(crate::ErrorKind::BadValue, "header range (a bug)")
                 })?;
                 h.update(bytes);
-                file.write_all_at(bytes, at).map_err(io)?;
+                file.write_all_at(bytes, *at).map_err(io)?;
             }
             Work::Zeros(n) => {
                 // The file is sparse: zeros need no write, only hashing.
@@ -435,7 +446,7 @@ impl TensorFs {
                     out
                 };
                 h.update(bytes);
-                file.write_all_at(bytes, at).map_err(io)?;
+                file.write_all_at(bytes, *at).map_err(io)?;
             }
         }
         Ok(h)

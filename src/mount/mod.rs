@@ -436,6 +436,13 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     release_free_memory();
     let direct_io = fs.direct_io();
     let n_files = fs.n_tensor_files();
+    let decoded_note = fs.decoded().map_or(String::new(), |d| {
+        format!(
+            ", decoded cache {} (limit {:.2} GB)",
+            d.store.dir().display(),
+            d.store.limit() as f64 / 1e9
+        )
+    });
     // Under unverified=allow a failed whole-file check withdraws what was
     // served: the kernel must forget the pages it cached of every file
     // with tensor bytes (the daemon's own cache is dropped by `fs`).
@@ -471,7 +478,7 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
         i.start();
     }
     log::info!(
-        "mounted {} at {} ({}, {} tensor files, {})",
+        "mounted {} at {} ({}, {} tensor files, {}{decoded_note})",
         summary.path.display(),
         mountpoint.display(),
         summary.format,
