@@ -130,13 +130,23 @@ fn a_layered_rknot_is_served_exactly_and_reused_after_a_remount() {
     let cache = tempfile::tempdir().unwrap();
     let dir = cache.path().join("dc");
     let b = backend::open(&rknot, Some(&gguf)).unwrap();
-    let plain = Mounted::new(&rknot, &["--dense", gguf.to_str().unwrap()]);
-    let views: Vec<Vec<u8>> = ["model.gguf", "model.safetensors"]
+    let args = ["--dense", gguf.to_str().unwrap(), "--views", "f16,bf16"];
+    let plain = Mounted::new(&rknot, &args);
+    // Every element format: the views and one tensor's half-precision files.
+    let others = [
+        "model.gguf",
+        "model.safetensors",
+        "model.f16.safetensors",
+        "model.bf16.safetensors",
+        "blk.0.attn_q.weight.f16",
+        "blk.0.attn_q.weight.bf16",
+    ];
+    let want: Vec<Vec<u8>> = others
         .iter()
         .map(|v| std::fs::read(plain.path(v)).unwrap())
         .collect();
     for round in 0..2 {
-        let m = mount_dc(&rknot, &dir, &["--dense", gguf.to_str().unwrap()]);
+        let m = mount_dc(&rknot, &dir, &args);
         for t in b.tensors().entries().iter().filter(|t| t.is_available()) {
             let got = std::fs::read(m.path(&format!("{}.f32", t.name.dot))).unwrap();
             assert!(
@@ -145,7 +155,7 @@ fn a_layered_rknot_is_served_exactly_and_reused_after_a_remount() {
                 t.name.dot
             );
         }
-        for (v, want) in ["model.gguf", "model.safetensors"].iter().zip(&views) {
+        for (v, want) in others.iter().zip(&want) {
             assert!(std::fs::read(m.path(v)).unwrap() == *want, "{v}");
         }
         let d = decoded(&m);
@@ -478,4 +488,47 @@ fn an_unsafe_cache_directory_refuses_the_mount() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+}
+
+/// A plain SHA256SUMS under unverified=allow may find a file bad after its
+/// bytes were served: nothing is stored in the cache for such a mount.
+#[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn whole_file_manifests_under_unverified_allow_turn_passthrough_off() {
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("m.gguf");
+    std::fs::copy(demo_path("tiny-llama.gguf"), &src).unwrap();
+    let sums = tmp.path().join("SHA256SUMS");
+    let digest = sha256_hex(&std::fs::read(&src).unwrap());
+    std::fs::write(&sums, format!("{digest}  m.gguf\n")).unwrap();
+    let dir = tmp.path().join("dc");
+    let m = mount_dc(
+        &src,
+        &dir,
+        &[
+            "--manifest",
+            sums.to_str().unwrap(),
+            "-o",
+            "unverified=allow",
+        ],
+    );
+    let plain = Mounted::new(&src, &[]);
+    let v = "model.safetensors";
+    assert!(std::fs::read(m.path(v)).unwrap() == std::fs::read(plain.path(v)).unwrap());
+    let d = m.ctl_json()["decoded_cache"].clone();
+    assert_eq!(d["passthrough"], false, "{d}");
+    assert!(
+        d["passthrough_off_reason"]
+            .as_str()
+            .unwrap()
+            .contains("unverified=allow"),
+        "{d}"
+    );
+    assert!(cache_files(&dir, ".data").is_empty());
 }

@@ -329,7 +329,21 @@ impl TensorFs {
             });
         }
         let decoded = config.decoded.as_ref().map(|setup| {
-            passthrough::Decoded::new(setup, passthrough::source_ids(shared.backend.as_ref()))
+            let d =
+                passthrough::Decoded::new(setup, passthrough::source_ids(shared.backend.as_ref()));
+            // Under unverified=allow a whole-file check may fail after bytes
+            // were served; files decoded meanwhile must not outlive the
+            // mount in the store.
+            if let Some(i) = &config.integrity {
+                use crate::integrity::manifest::{FileCheck, Unverified};
+                let whole = i.files().iter().any(|(_, c)| *c == FileCheck::WholeFile);
+                if whole && i.unverified() == Unverified::Allow {
+                    d.disable(
+                        "a manifest checks a whole file in the background under unverified=allow",
+                    );
+                }
+            }
+            d
         });
         let prefetch = prefetch::Prefetcher::start(
             shared.clone(),
