@@ -47,6 +47,9 @@ pub const RENDER_BYTES: u64 = 4 << 20;
 /// Smallest piece: below it, per-piece overhead dominates.
 const MIN_RENDER_BYTES: u64 = 64 << 10;
 
+/// Why passthrough is off when the command line said so.
+const NO_PASSTHROUGH: &str = "--no-passthrough";
+
 /// The decoded-file store of a mount and whether opens may use it.
 pub struct Decoded {
     pub store: Arc<DecodedStore>,
@@ -120,7 +123,7 @@ impl Decoded {
             );
         }
         if !setup.passthrough {
-            d.disable("--no-passthrough");
+            d.disable(NO_PASSTHROUGH);
         } else if !has_cap_sys_admin() {
             d.disable(
                 "the daemon lacks CAP_SYS_ADMIN, which registering a passthrough backing \
@@ -139,7 +142,14 @@ impl Decoded {
     pub fn disable(&self, why: &str) {
         let mut r = lock(&self.off_reason);
         if r.is_none() {
-            log::warn!(
+            // Asked for: nothing for an operator to look at.
+            let level = if why == NO_PASSTHROUGH {
+                log::Level::Info
+            } else {
+                log::Level::Warn
+            };
+            log::log!(
+                level,
                 "decoded cache: FUSE passthrough is off ({why}); files are served by the daemon \
                  as without --decoded-cache"
             );
