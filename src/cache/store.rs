@@ -201,6 +201,12 @@ pub struct DecodedStore {
     counters: Counters,
 }
 
+impl std::fmt::Debug for DecodedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DecodedStore({})", self.path.display())
+    }
+}
+
 fn cstr(name: &str) -> Result<CString> {
     CString::new(name).map_err(|_| err(ErrorKind::BadValue, "NUL in a file name"))
 }

@@ -37,6 +37,7 @@ use super::namespace::Node;
 use super::views::{self, ElemFormat, Piece};
 use crate::cache::lock;
 use crate::cache::store::{DecodedStore, Entry, EntryKey, Found, SourceId};
+
 use crate::error::Result;
 
 /// Largest piece of a file decoded by one worker at a time (in f32; the
@@ -83,15 +84,10 @@ pub struct DecodedSetup {
     pub passthrough: bool,
 }
 
-impl std::fmt::Debug for DecodedStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DecodedStore({})", self.dir().display())
-    }
-}
-
-/// Whether this process has CAP_SYS_ADMIN in its effective set, which the
-/// kernel requires to register a backing file (FUSE_DEV_IOC_BACKING_OPEN).
-pub fn has_cap_sys_admin() -> bool {
+/// Whether this process has CAP_SYS_ADMIN in its effective set (None when
+/// `/proc/self/status` does not say). The kernel requires it to register a
+/// passthrough backing file (FUSE_DEV_IOC_BACKING_OPEN), and mount(2).
+pub fn cap_sys_admin() -> Option<bool> {
     const CAP_SYS_ADMIN: u32 = 21;
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -100,7 +96,7 @@ pub fn has_cap_sys_admin() -> bool {
                 .find_map(|l| l.strip_prefix("CapEff:"))
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
-        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+        .map(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
 }
 
 impl Decoded {
@@ -124,7 +120,7 @@ impl Decoded {
         }
         if !setup.passthrough {
             d.disable(NO_PASSTHROUGH);
-        } else if !has_cap_sys_admin() {
+        } else if cap_sys_admin() != Some(true) {
             d.disable(
                 "the daemon lacks CAP_SYS_ADMIN, which registering a passthrough backing \
                  file needs (run it as root)",

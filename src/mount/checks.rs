@@ -290,15 +290,7 @@ fn device_denied(dev: &Path, e: &std::io::Error) -> String {
 /// Whether this process may call mount(2) itself (CAP_SYS_ADMIN), which is
 /// what fuser tries first; without it the mount goes through fusermount3.
 pub fn can_mount_directly() -> bool {
-    const CAP_SYS_ADMIN: u32 = 21;
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .map_or_else(|| geteuid() == 0, |caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+    crate::fs::passthrough::cap_sys_admin().unwrap_or_else(|| geteuid() == 0)
 }
 
 /// The name of user `uid` (NSS), if it has one.
