@@ -76,7 +76,10 @@ fn builds_once_then_hits_and_other_versions_are_other_entries() {
     // ... and at the next mount, the old version's entry is removed (unless
     // open: close ours first).
     drop((e, e2, e3));
-    assert_eq!(store(&dir, 1 << 20).evict_changed(&[v2.clone()]), 1);
+    assert_eq!(
+        store(&dir, 1 << 20).evict_changed(std::slice::from_ref(&v2)),
+        1
+    );
     assert_eq!(s.stats().entries, 1);
     let (_, found) = s.get_or_build(&key(&v2, "t"), 5, |_| panic!()).unwrap();
     assert_eq!(found, Found::Hit);
