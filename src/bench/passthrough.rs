@@ -664,7 +664,7 @@ pub(super) fn decoded_bench(
             let val = rs
                 .iter()
                 .zip(FILES)
-                .map(|(x, f)| format!("{} {x:.2}x", f.1))
+                .map(|(x, f)| format!("{} {x:.3}x", f.1))
                 .collect::<Vec<_>>()
                 .join(", ");
             verdicts.push((MODE, what, ok, val));
@@ -767,6 +767,21 @@ fn llama_section(
     let cache_arg = cache.display().to_string();
     let mp_dc = o.dir.join("mnt-llama-dc");
     let plain = Daemon::start_with(bin, &model, None, &o.dir.join("mnt-llama"), &[])?;
+    if !plain.path("model.gguf").exists() {
+        let views = plain.ctl_json()?["views"].clone();
+        let why = views
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "model.gguf"))
+            .and_then(|v| v["absent"].as_str())
+            .unwrap_or("not offered")
+            .to_string();
+        let _ = writeln!(
+            r,
+            "llama.cpp load: skipped (the mount of {} has no model.gguf: {why})",
+            model.display()
+        );
+        return Ok(());
+    }
     let size = copy_file(&plain.path("model.gguf"), &local)?;
     let mut t: [Vec<f64>; 4] = Default::default();
     for _ in 0..o.rounds {
