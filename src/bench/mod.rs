@@ -9,7 +9,9 @@
 //!   cold `dd bs=1M` and `cat` (kernel page cache and daemon cache dropped
 //!   first), warm `dd bs=1M` (second read), cold 4 KiB random reads;
 //! - daemon peak RSS while streaming files several times larger than its
-//!   cache; mmap of a tensor file in both modes.
+//!   cache; mmap of a tensor file in both modes;
+//! - the decoded cache (`--decoded-cache`) with FUSE passthrough against a
+//!   plain file on the same filesystem: see [`passthrough`].
 //!
 //! This is a benchmark, not a test: it prints numbers and which targets
 //! they meet; it fails only if something is wrong (a mismatch, an error).
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{self, Backend};
 
 mod checksums;
+mod passthrough;
 use crate::format::gguf::write_gguf;
 use crate::format::meta::{MetaValue, Metadata};
 use crate::format::sk32::write_sk32;
@@ -45,6 +48,9 @@ pub struct MountBenchOpts {
     pub random_reads: usize,
     /// The rknot-mount binary.
     pub mount_bin: PathBuf,
+    /// Where the decoded-cache section puts its store and its plain-file
+    /// baseline (one filesystem for both); default `dir`/decoded.
+    pub decoded_dir: Option<PathBuf>,
 }
 
 const COLS: u64 = 4096;
@@ -63,12 +69,24 @@ impl Daemon {
         mp: &Path,
         extra: &[&str],
     ) -> BResult<Daemon> {
+        Daemon::start_with(bin, source, Some(dense), mp, extra)
+    }
+
+    /// [`Daemon::start`] with the dense fallback optional.
+    fn start_with(
+        bin: &Path,
+        source: &Path,
+        dense: Option<&Path>,
+        mp: &Path,
+        extra: &[&str],
+    ) -> BResult<Daemon> {
         std::fs::create_dir_all(mp).map_err(|e| format!("{}: {e}", mp.display()))?;
-        let child = Command::new(bin)
-            .arg(source)
-            .arg(mp)
-            .arg("--dense")
-            .arg(dense)
+        let mut cmd = Command::new(bin);
+        cmd.arg(source).arg(mp);
+        if let Some(dense) = dense {
+            cmd.arg("--dense").arg(dense);
+        }
+        let child = cmd
             .arg("--foreground")
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -97,10 +115,31 @@ impl Daemon {
         self.mp.join(format!("{name}.f32"))
     }
 
+    /// A file in the mount root by its full name (`model.safetensors`).
+    fn path(&self, file_name: &str) -> PathBuf {
+        self.mp.join(file_name)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Drop the daemon's cache and the kernel's pages of `name`.
     fn drop_caches(&self, name: &str) -> BResult<()> {
+        self.drop_caches_of(&self.file(name))
+    }
+
+    /// Drop the daemon's cache and the kernel's pages of file `p`.
+    fn drop_caches_of(&self, p: &Path) -> BResult<()> {
         std::fs::write(self.mp.join("ctl"), "drop-cache\n").map_err(|e| format!("ctl: {e}"))?;
-        drop_page_cache(&self.file(name))
+        drop_page_cache(p)
+    }
+
+    /// The mount's `ctl.json`.
+    fn ctl_json(&self) -> BResult<serde_json::Value> {
+        let p = self.mp.join("ctl.json");
+        let s = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))
     }
 
     /// (VmRSS, VmHWM) in bytes.
@@ -548,6 +587,8 @@ pub fn mount_bench(o: &MountBenchOpts) -> BResult<String> {
         format!("{} MiB", hwm >> 20),
     ));
     drop(small);
+
+    passthrough::decoded_bench(o, &sk32, &gguf, &mut r, &mut verdicts)?;
 
     let _ = writeln!(r, "\ntargets:");
     for (mode, what, ok, val) in verdicts {

@@ -236,7 +236,9 @@ enum EncodeCmd {
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Decode throughput and FUSE reads (cold, warm, random 4 KiB, tmpfs
-    /// baseline) in page-cache and direct_io modes; needs root and fuse3.
+    /// baseline) in page-cache and direct_io modes, and files served from a
+    /// --decoded-cache store by passthrough against a local file; needs
+    /// root and fuse3.
     Mount {
         /// Scratch directory for the synthetic model and the mountpoints.
         #[arg(long, default_value = "/tmp/rknot-bench")]
@@ -250,6 +252,13 @@ enum BenchCmd {
         /// Cold 4 KiB reads per tensor, mode and round, at least 1.
         #[arg(long, default_value_t = 200, value_parser = at_least_1)]
         random_reads: usize,
+        /// Directory of the decoded-cache section: the mount's
+        /// --decoded-cache store AND the plain-file baseline it is compared
+        /// with both live here, so they are on the same filesystem (which
+        /// decides the speed: ext4, tmpfs, huge=always tmpfs differ)
+        /// [default: DIR/decoded].
+        #[arg(long, value_name = "DIR")]
+        decoded_dir: Option<PathBuf>,
     },
     /// Cost of verifying checksums on the read path: every tensor of FILE
     /// (with checksums) read in full against a copy without them, rounds
@@ -537,6 +546,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     rounds,
                     size_mb,
                     random_reads,
+                    decoded_dir,
                 },
         } => {
             let exe = std::env::current_exe()?;
@@ -547,6 +557,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 size_mb,
                 random_reads,
                 mount_bin,
+                decoded_dir,
             };
             let report = rknot::bench::mount_bench(&opts)?;
             write_stdout(report.as_bytes())

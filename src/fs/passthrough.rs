@@ -407,6 +407,7 @@ impl TensorFs {
     }
 
     /// Decode one piece and write it at `at`; its CRC-32 state.
+    #[allow(clippy::too_many_arguments)]
     fn render_piece(
         &self,
         (at, w): &(u64, Work),
