@@ -585,7 +585,39 @@ impl DecodedStore {
     /// The existing entry for `key`, if it is complete and (checked once in
     /// this process) intact; a bad one is removed.
     fn lookup(&self, key: &EntryKey, size: u64) -> Option<Entry> {
-        let stem = &key.name;
+        let (file, _) = self.open_checked(&key.name, |meta| {
+            if meta["key"] != key.json {
+                Err("its sidecar names another key".to_string())
+            } else if meta["size"].as_u64() != Some(size) {
+                Err(format!(
+                    "its sidecar says {} B, expected {size} B",
+                    meta["size"]
+                ))
+            } else {
+                Ok(())
+            }
+        })?;
+        // Recency for LRU eviction: the sidecar's mtime.
+        if let Ok(f) = self.open_at(&format!("{}.meta", key.name), libc::O_RDONLY, 0) {
+            // SAFETY: a descriptor we own; NULL times means "now".
+            unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
+        }
+        Some(Entry {
+            file,
+            size,
+            name: key.name.clone(),
+        })
+    }
+
+    /// Open entry `stem` with a shared lock and, unless this process
+    /// already did, check its data against its sidecar (size, CRC-32) and
+    /// `accept` (the key). A bad entry is removed (and logged); a missing
+    /// one is None.
+    fn open_checked(
+        &self,
+        stem: &str,
+        accept: impl FnOnce(&Value) -> std::result::Result<(), String>,
+    ) -> Option<(File, Value)> {
         let data = format!("{stem}.data");
         let file = self.open_at(&data, libc::O_RDONLY, 0).ok()?;
         // A shared lock, then: is the name still this file? An eviction
@@ -607,14 +639,15 @@ impl DecodedStore {
             None
         };
         let meta = self.read_meta(stem)?;
-        if meta["key"] != key.json {
-            return bad("its sidecar names another key".into());
+        if let Err(why) = accept(&meta) {
+            return bad(why);
         }
         if !m.is_file() || m.uid() != self.dir.metadata().ok()?.uid() {
             return bad("not a regular file of this user".into());
         }
-        if meta["size"].as_u64() != Some(size) || m.len() != size {
-            return bad(format!("{} B, expected {size} B", m.len()));
+        let size = m.len();
+        if meta["size"].as_u64() != Some(size) {
+            return bad(format!("{size} B, its sidecar says {}", meta["size"]));
         }
         let crc = meta["crc32"].as_u64()?;
         if !lock(&self.checked).contains(stem) {
@@ -631,18 +664,40 @@ impl DecodedStore {
             if u64::from(got) != crc {
                 return bad(format!("CRC-32 {got:08x}, its sidecar says {crc:08x}"));
             }
-            lock(&self.checked).insert(stem.clone());
+            lock(&self.checked).insert(stem.to_string());
         }
-        // Recency for LRU eviction: the sidecar's mtime.
-        if let Ok(f) = self.open_at(&format!("{stem}.meta"), libc::O_RDONLY, 0) {
-            // SAFETY: a descriptor we own; NULL times means "now".
-            unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
-        }
-        Some(Entry {
-            file,
-            size,
-            name: stem.clone(),
-        })
+        Some((file, meta))
+    }
+
+    /// Entries decoded from exactly `sources` by this build: what a mount
+    /// of them may use (and checks in the background, [`Self::precheck`]).
+    pub fn entries_of(&self, sources: &[SourceId]) -> Vec<String> {
+        let ours: Vec<Value> = sources.iter().map(SourceId::to_json).collect();
+        self.names()
+            .iter()
+            .filter_map(|n| n.strip_suffix(".meta").filter(|s| !s.starts_with('.')))
+            .filter(|stem| {
+                self.read_meta(stem).is_some_and(|m| {
+                    m["key"]["sources"].as_array() == Some(&ours)
+                        && m["key"]["build"].as_str() == Some(crate::LONG_VERSION)
+                        && m["key"]["layout"].as_u64() == Some(u64::from(LAYOUT))
+                })
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Check entry `stem` now (once per process), so that its first open
+    /// need not: run in the background after a mount. An open of the
+    /// entry meanwhile waits for this check instead of doing its own.
+    pub fn precheck(&self, stem: &str) {
+        let flight = lock(&self.flights)
+            .entry(stem.to_string())
+            .or_default()
+            .clone();
+        let _one = lock(&flight);
+        // Any key: the open that uses it compares the key.
+        let _ = self.open_checked(stem, |_| Ok(()));
     }
 
     fn build(
@@ -753,18 +808,51 @@ fn free_bytes(dir: &File) -> io::Result<u64> {
     }
 }
 
-/// CRC-32 of the first `size` bytes of `file`.
+/// CRC-32 of the first `size` bytes of `file`, on every core: each thread
+/// hashes one contiguous range, the states are combined in order.
 fn crc_of(file: &File, size: u64) -> io::Result<u32> {
-    let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; CHECK_BLOCK.min(size as usize).max(1)];
-    let mut pos = 0u64;
-    while pos < size {
-        let n = (size - pos).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..n], pos)?;
-        h.update(&buf[..n]);
-        pos += n as u64;
+    const MIN_RANGE: u64 = 64 << 20;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    let n = size.div_ceil(MIN_RANGE).clamp(1, cores);
+    let per = size.div_ceil(n).max(1);
+    let ranges: Vec<(u64, u64)> = (0..n)
+        .map(|i| (i * per, ((i + 1) * per).min(size)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    let hash_range = |(a, b): (u64, u64)| -> io::Result<crc32fast::Hasher> {
+        let mut h = crc32fast::Hasher::new();
+        let mut buf = vec![0u8; (CHECK_BLOCK as u64).min(b - a) as usize];
+        let mut pos = a;
+        while pos < b {
+            let k = (b - pos).min(buf.len() as u64) as usize;
+            file.read_exact_at(&mut buf[..k], pos)?;
+            h.update(&buf[..k]);
+            pos += k as u64;
+        }
+        Ok(h)
+    };
+    let parts: Vec<io::Result<crc32fast::Hasher>> = if ranges.len() <= 1 {
+        ranges.iter().map(|r| hash_range(*r)).collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ranges
+                .iter()
+                .map(|r| s.spawn(move || hash_range(*r)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("checksum thread panicked")))
+                })
+                .collect()
+        })
+    };
+    let mut total = crc32fast::Hasher::new();
+    for p in parts {
+        total.combine(&p?);
     }
-    Ok(h.finalize())
+    Ok(total.finalize())
 }
 
 #[cfg(test)]

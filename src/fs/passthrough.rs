@@ -68,6 +68,9 @@ pub struct Decoded {
     /// One file decodes at a time (on every core): the memory of decodes
     /// stays that of one, however many first opens run at once.
     render: Mutex<()>,
+    /// Entries of this mount's sources not yet checked by the background
+    /// check that starts at mount.
+    prechecks_pending: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Decoded {
@@ -110,6 +113,7 @@ impl Decoded {
             plain_opens: AtomicU64::new(0),
             backing_open: AtomicUsize::new(0),
             render: Mutex::new(()),
+            prechecks_pending: Arc::new(AtomicU64::new(0)),
         };
         d.store.remove_stale_temporaries();
         let removed = d.store.evict_changed(&d.sources);
@@ -118,6 +122,7 @@ impl Decoded {
                 "decoded cache: removed {removed} entries of an older version of the sources"
             );
         }
+        d.start_prechecks();
         if !setup.passthrough {
             d.disable(NO_PASSTHROUGH);
         } else if cap_sys_admin() != Some(true) {
@@ -127,6 +132,40 @@ impl Decoded {
             );
         }
         d
+    }
+
+    /// Check this mount's entries (those decoded from exactly its sources
+    /// by this build) on a thread of their own, so that a first open finds
+    /// its entry checked and answers at once. An open that comes first
+    /// waits for its entry's check (or does it itself): either way an
+    /// entry is checked before its first use in this mount.
+    fn start_prechecks(&self) {
+        let stems = self.store.entries_of(&self.sources);
+        if stems.is_empty() {
+            return;
+        }
+        self.prechecks_pending
+            .store(stems.len() as u64, Ordering::Relaxed);
+        let (store, pending) = (self.store.clone(), self.prechecks_pending.clone());
+        let spawned = std::thread::Builder::new()
+            .name("rknot-store-check".into())
+            .spawn(move || {
+                let t = Instant::now();
+                let n = stems.len();
+                for stem in stems {
+                    store.precheck(&stem);
+                    pending.fetch_sub(1, Ordering::Relaxed);
+                }
+                log::info!(
+                    "decoded cache: {n} entries of this mount's sources checked in {:.2} s",
+                    t.elapsed().as_secs_f64()
+                );
+            });
+        if let Err(e) = spawned {
+            // Opens check their entries themselves.
+            self.prechecks_pending.store(0, Ordering::Relaxed);
+            log::warn!("decoded cache: cannot start the background check: {e}");
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -168,7 +207,7 @@ impl Decoded {
         format!(
             "decoded:   {}: {} entries, {} B of {} B; passthrough {mode}\n\
              decoded:   hits {}, misses {}, evictions {}, built {} ({} B in {:.2} s), build failures {}, too large {}\n\
-             decoded:   checked {} ({} B in {:.2} s), bad entries rebuilt {}\n\
+             decoded:   checked {} ({} B in {:.2} s), waiting for the check at mount {}, bad entries rebuilt {}\n\
              decoded:   opens by passthrough {} ({} backing files open), opens served by the daemon {}\n",
             crate::text::Escaped(&self.store.dir().display().to_string()),
             s.entries,
@@ -185,6 +224,7 @@ impl Decoded {
             s.checks,
             s.bytes_checked,
             s.check_secs,
+            self.prechecks_pending.load(Ordering::Relaxed),
             s.corrupt,
             self.passthrough_opens.load(Ordering::Relaxed),
             self.backing_open.load(Ordering::Relaxed),
@@ -204,6 +244,7 @@ impl Decoded {
             "builds": s.builds, "bytes_built": s.bytes_built, "build_secs": s.build_secs,
             "build_failures": s.build_failures, "too_large": s.too_large,
             "checks": s.checks, "bytes_checked": s.bytes_checked, "check_secs": s.check_secs,
+            "checks_pending": self.prechecks_pending.load(Ordering::Relaxed),
             "bad_entries": s.corrupt,
             "passthrough_opens": self.passthrough_opens.load(Ordering::Relaxed),
             "backing_files_open": self.backing_open.load(Ordering::Relaxed),
@@ -407,7 +448,6 @@ impl TensorFs {
     }
 
     /// Decode one piece and write it at `at`; its CRC-32 state.
-    #[allow(clippy::too_many_arguments)]
     fn render_piece(
         &self,
         (at, w): &(u64, Work),
