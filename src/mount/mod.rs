@@ -15,6 +15,7 @@
 
 pub mod checks;
 pub mod cli;
+pub mod helper;
 pub mod options;
 pub mod stop;
 
@@ -50,6 +51,10 @@ pub struct MountRequest {
     pub threads: Option<usize>,
     pub foreground: bool,
     pub options: Vec<String>,
+    /// mount(8)'s `-s`: unknown `-o` options are ignored (module helper).
+    pub sloppy: bool,
+    /// Print nothing on success (mount(8)'s helper without `-v`).
+    pub quiet: bool,
     pub log_file: Option<PathBuf>,
     /// Tensor formats besides f32 (`--views`); overrides `-o views=`.
     pub views: Option<ViewSet>,
@@ -90,7 +95,7 @@ fn n_cpus() -> usize {
 }
 
 fn prepare(req: &MountRequest) -> Result<Prepared, String> {
-    let opts = options::parse(&req.options)?;
+    let (opts, _) = options::parse_with(&req.options, req.sloppy)?;
     checks::check_fuse()?;
     let mountpoint = checks::check_mountpoint(&req.mountpoint)?;
     let dense = req
@@ -299,6 +304,15 @@ fn init_logging(target: Option<std::fs::File>) {
     crate::logging::init("info", target);
 }
 
+/// Every check [`run`] makes before mounting, and nothing mounted
+/// (mount(8)'s `-f`, "fake"): 0 when the mount would be attempted.
+pub fn check_only(req: &MountRequest) -> ExitCode {
+    match prepare(req) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
 /// Entry point of the `rknot-mount` binary.
 pub fn run(req: MountRequest) -> ExitCode {
     let prep = match prepare(&req) {
@@ -354,7 +368,9 @@ pub fn run(req: MountRequest) -> ExitCode {
             let mut msg = String::new();
             let _ = std::fs::File::from(rd).read_to_string(&mut msg);
             if let Some(rest) = msg.strip_prefix("OK ") {
-                println!("rknot-mount: {}", rest.trim_end());
+                if !req.quiet {
+                    println!("rknot-mount: {}", rest.trim_end());
+                }
                 ExitCode::SUCCESS
             } else if let Some(rest) = msg.strip_prefix("ERR ") {
                 fail(rest.trim_end())
