@@ -106,6 +106,9 @@ fn umount_and_wait(mp: &Path, guard: &mut MountGuard) {
         assert!(!pid_alive(pid), "daemon {pid} still running after umount");
         guard.exited();
     }
+    // A normal umount logs no WARN/ERROR (tests/quiet_logs.rs).
+    let log = std::fs::read_to_string(rknot::mount::default_log_file(mp)).unwrap_or_default();
+    assert!(!log.contains(" WARN ") && !log.contains(" ERROR "), "{log}");
 }
 
 fn mount_available() -> bool {

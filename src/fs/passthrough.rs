@@ -120,7 +120,8 @@ impl Decoded {
             );
         }
         if !setup.passthrough {
-            d.disable("--no-passthrough");
+            // Asked for: not something to warn about.
+            d.turn_off("--no-passthrough", log::Level::Info);
         } else if !has_cap_sys_admin() {
             d.disable(
                 "the daemon lacks CAP_SYS_ADMIN, which registering a passthrough backing \
@@ -137,9 +138,15 @@ impl Decoded {
     /// Turn passthrough off for the rest of the mount (files already
     /// served by it stay so until closed), with one log line.
     pub fn disable(&self, why: &str) {
+        self.turn_off(why, log::Level::Warn);
+    }
+
+    /// [`Self::disable`], logging at `level`.
+    fn turn_off(&self, why: &str, level: log::Level) {
         let mut r = lock(&self.off_reason);
         if r.is_none() {
-            log::warn!(
+            log::log!(
+                level,
                 "decoded cache: FUSE passthrough is off ({why}); files are served by the daemon \
                  as without --decoded-cache"
             );

@@ -467,7 +467,9 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
         .as_ref()
         .filter(|i| i.unverified() == manifest::Unverified::Allow)
         .map(|_| fs.data_inodes());
-    let mut session = match Session::new(FuseAdapter::new(fs), &mountpoint, &prep.fuse_config) {
+    let adapter = FuseAdapter::new(fs);
+    let end_hook = adapter.end_hook();
+    let mut session = match Session::new(adapter, &mountpoint, &prep.fuse_config) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {}: {e}", mountpoint.display());
@@ -479,6 +481,12 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
             return fail(msg);
         }
     };
+    {
+        let mut unmounter = session.unmount_callable();
+        let mp = mountpoint.clone();
+        let end: Box<dyn FnOnce() + Send> = Box::new(move || end_mount(&mut unmounter, &mp));
+        *end_hook.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+    }
     if let Some(i) = &prep.integrity {
         if let Some(inos) = withdraw {
             let notifier = session.notifier();
@@ -598,6 +606,25 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
             lazy_unmount(&mountpoint);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The end of the session (the filesystem's `destroy`): the loop ended
+/// because the connection is gone. After a stop signal the signal thread
+/// has unmounted already and this finds nothing to do. After an external
+/// `umount` / `fusermount3 -u` the kernel has unmounted, and fuser 0.18
+/// would try again when the session is dropped (its "is it still mounted"
+/// poll of /dev/fuse answers yes once the connection is gone) and log the
+/// EINVAL of that second umount as `WARN Failed to umount filesystem`. Doing
+/// it here takes the mount out of the session first, and EINVAL (the path
+/// is no longer a mount point) is the expected outcome, not a warning.
+fn end_mount(unmounter: &mut fuser::SessionUnmounter, mp: &Path) {
+    match unmounter.unmount() {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            log::debug!("{} was unmounted already ({e})", mp.display());
+        }
+        Err(e) => log::warn!("cannot unmount {}: {e}", mp.display()),
     }
 }
 
