@@ -156,10 +156,11 @@ macro_rules! throttled {
 }
 pub(crate) use throttled;
 
-/// Report every count still pending (at unmount), one line per key.
+/// Report every count still pending (at unmount), one line per key. At
+/// info: the first event of each key was logged at its own level.
 pub fn flush_throttled() {
     for (key, n) in global().take_suppressed() {
-        log::warn!("{n} more log line(s) about {key} were suppressed");
+        log::info!("{n} more log line(s) about {key} were suppressed");
     }
 }
 

@@ -87,8 +87,11 @@ impl Ctl {
         lock(&self.handles).contains_key(&fh)
     }
 
+    /// A command refused (malformed, or refused when it runs): the writer
+    /// gets EINVAL and `last_error`; the log has it at info, since it is the
+    /// writer's mistake, not the daemon's.
     fn set_error(&self, msg: String) {
-        log::warn!("ctl: {msg}");
+        log::info!("ctl: {msg}");
         *lock(&self.last_error) = Some(msg);
     }
 }

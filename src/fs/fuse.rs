@@ -36,7 +36,12 @@ pub struct FuseAdapter {
     backing: Arc<Mutex<HashMap<u64, Backing>>>,
     /// Opens decoding into the store on threads of their own.
     decoding: Arc<AtomicUsize>,
+    /// Run once when the session ends (see [`FuseAdapter::end_hook`]).
+    end: EndHook,
 }
+
+/// Work for the end of the session, set after the session exists.
+pub type EndHook = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
 /// How an open tensor file or view is served while any handle of it is
 /// open: the kernel fails a passthrough open while a page-cache open of the
@@ -82,7 +87,15 @@ impl FuseAdapter {
             held: Arc::new(AtomicUsize::new(0)),
             backing: Arc::new(Mutex::new(HashMap::new())),
             decoding: Arc::new(AtomicUsize::new(0)),
+            end: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// A slot for work that runs once in `destroy`, after the session loop
+    /// ended and before fuser's own clean-up (the mount module ends the
+    /// mount there: `super::super::mount`).
+    pub fn end_hook(&self) -> EndHook {
+        self.end.clone()
     }
 }
 
@@ -230,6 +243,10 @@ impl Filesystem for FuseAdapter {
     fn destroy(&mut self) {
         self.fs.shutdown_jobs();
         crate::logging::flush_throttled();
+        let end = self.end.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(f) = end {
+            f();
+        }
     }
 
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {

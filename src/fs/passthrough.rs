@@ -124,7 +124,8 @@ impl Decoded {
         }
         d.start_prechecks();
         if !setup.passthrough {
-            d.disable(NO_PASSTHROUGH);
+            // Asked for: not something to warn about.
+            d.turn_off(NO_PASSTHROUGH, log::Level::Info);
         } else if cap_sys_admin() != Some(true) {
             d.disable(
                 "the daemon lacks CAP_SYS_ADMIN, which registering a passthrough backing \
@@ -175,14 +176,13 @@ impl Decoded {
     /// Turn passthrough off for the rest of the mount (files already
     /// served by it stay so until closed), with one log line.
     pub fn disable(&self, why: &str) {
+        self.turn_off(why, log::Level::Warn);
+    }
+
+    /// [`Self::disable`], logging at `level`.
+    fn turn_off(&self, why: &str, level: log::Level) {
         let mut r = lock(&self.off_reason);
         if r.is_none() {
-            // Asked for: nothing for an operator to look at.
-            let level = if why == NO_PASSTHROUGH {
-                log::Level::Info
-            } else {
-                log::Level::Warn
-            };
             log::log!(
                 level,
                 "decoded cache: FUSE passthrough is off ({why}); files are served by the daemon \

@@ -17,6 +17,10 @@ use crate::fs::views::ViewSet;
                   it cancels its encoding jobs and unmounts; files still open on the mount are cut off \
                   after --stop-timeout seconds or at a second signal.\n\
                   Logging: RUST_LOG (default info); in the background to --log-file.\n\
+                  mount(8) and /etc/fstab: installed as /sbin/mount.fuse.rknot (a symlink to rknot-mount), \
+                  it is mount(8)'s helper for type fuse.rknot: `mount -t fuse.rknot SOURCE DIR -o dense=FILE,...` \
+                  and fstab lines `SOURCE DIR fuse.rknot OPTIONS 0 0`, with -o options only \
+                  (docs/OPERATIONS.md \"mount(8) and /etc/fstab\").\n\
                   Exit status: 0 mounted (or, in the foreground, stopped by a signal or an unmount); \
                   1 the mount failed (missing or bad file, mountpoint, FUSE); \
                   2 usage error (unknown flag or -o option, bad value)."
@@ -122,6 +126,8 @@ impl MountCli {
             threads: self.threads,
             foreground: self.foreground,
             options: self.options,
+            sloppy: false,
+            quiet: false,
             log_file: self.log_file,
             views: self.views,
             jobs_dir: self.jobs_dir,

@@ -15,6 +15,7 @@
 
 pub mod checks;
 pub mod cli;
+pub mod helper;
 pub mod options;
 pub mod stop;
 
@@ -50,6 +51,10 @@ pub struct MountRequest {
     pub threads: Option<usize>,
     pub foreground: bool,
     pub options: Vec<String>,
+    /// mount(8)'s `-s`: unknown `-o` options are ignored (module helper).
+    pub sloppy: bool,
+    /// Print nothing on success (mount(8)'s helper without `-v`).
+    pub quiet: bool,
     pub log_file: Option<PathBuf>,
     /// Tensor formats besides f32 (`--views`); overrides `-o views=`.
     pub views: Option<ViewSet>,
@@ -90,7 +95,7 @@ fn n_cpus() -> usize {
 }
 
 fn prepare(req: &MountRequest) -> Result<Prepared, String> {
-    let opts = options::parse(&req.options)?;
+    let (opts, _) = options::parse_with(&req.options, req.sloppy)?;
     checks::check_fuse()?;
     let mountpoint = checks::check_mountpoint(&req.mountpoint)?;
     let dense = req
@@ -299,6 +304,15 @@ fn init_logging(target: Option<std::fs::File>) {
     crate::logging::init("info", target);
 }
 
+/// Every check [`run`] makes before mounting, and nothing mounted
+/// (mount(8)'s `-f`, "fake"): 0 when the mount would be attempted.
+pub fn check_only(req: &MountRequest) -> ExitCode {
+    match prepare(req) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
 /// Entry point of the `rknot-mount` binary.
 pub fn run(req: MountRequest) -> ExitCode {
     let prep = match prepare(&req) {
@@ -354,7 +368,9 @@ pub fn run(req: MountRequest) -> ExitCode {
             let mut msg = String::new();
             let _ = std::fs::File::from(rd).read_to_string(&mut msg);
             if let Some(rest) = msg.strip_prefix("OK ") {
-                println!("rknot-mount: {}", rest.trim_end());
+                if !req.quiet {
+                    println!("rknot-mount: {}", rest.trim_end());
+                }
                 ExitCode::SUCCESS
             } else if let Some(rest) = msg.strip_prefix("ERR ") {
                 fail(rest.trim_end())
@@ -451,7 +467,9 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
         .as_ref()
         .filter(|i| i.unverified() == manifest::Unverified::Allow)
         .map(|_| fs.data_inodes());
-    let mut session = match Session::new(FuseAdapter::new(fs), &mountpoint, &prep.fuse_config) {
+    let adapter = FuseAdapter::new(fs);
+    let end_hook = adapter.end_hook();
+    let mut session = match Session::new(adapter, &mountpoint, &prep.fuse_config) {
         Ok(s) => s,
         Err(e) => {
             let msg = format!("cannot mount {}: {e}", mountpoint.display());
@@ -463,6 +481,12 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
             return fail(msg);
         }
     };
+    {
+        let mut unmounter = session.unmount_callable();
+        let mp = mountpoint.clone();
+        let end: Box<dyn FnOnce() + Send> = Box::new(move || end_mount(&mut unmounter, &mp));
+        *end_hook.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+    }
     if let Some(i) = &prep.integrity {
         if let Some(inos) = withdraw {
             let notifier = session.notifier();
@@ -582,6 +606,25 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
             lazy_unmount(&mountpoint);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The end of the session (the filesystem's `destroy`): the loop ended
+/// because the connection is gone. After a stop signal the signal thread
+/// has unmounted already and this finds nothing to do. After an external
+/// `umount` / `fusermount3 -u` the kernel has unmounted, and fuser 0.18
+/// would try again when the session is dropped (its "is it still mounted"
+/// poll of /dev/fuse answers yes once the connection is gone) and log the
+/// EINVAL of that second umount as `WARN Failed to umount filesystem`. Doing
+/// it here takes the mount out of the session first, and EINVAL (the path
+/// is no longer a mount point) is the expected outcome, not a warning.
+fn end_mount(unmounter: &mut fuser::SessionUnmounter, mp: &Path) {
+    match unmounter.unmount() {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            log::debug!("{} was unmounted already ({e})", mp.display());
+        }
+        Err(e) => log::warn!("cannot unmount {}: {e}", mp.display()),
     }
 }
 

@@ -92,7 +92,15 @@ fn checked<T: std::str::FromStr>(
 
 /// Parse every `-o` argument (each a comma-separated list).
 pub fn parse(args: &[String]) -> Result<MountOpts, String> {
+    parse_with(args, false).map(|(o, _)| o)
+}
+
+/// [`parse`]; `sloppy` (mount(8)'s `-s`): an unknown option is returned in
+/// the second list instead of failing. A bad value of a known option fails
+/// either way.
+pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<String>), String> {
     let mut o = MountOpts::default();
+    let mut ignored = Vec::new();
     // The `views=` list: `-o views=f32,f16` splits into `views=f32` and
     // `f16`, so bare format names right after it continue it.
     let mut views: Option<String> = None;
@@ -180,13 +188,14 @@ pub fn parse(args: &[String]) -> Result<MountOpts, String> {
                     "mount option views: unknown view {item:?} (views: f32, f16, bf16)"
                 ));
             }
+            _ if sloppy => ignored.push(item.to_string()),
             _ => return Err(format!("unknown mount option {item:?} ({HELP})")),
         }
     }
     if let Some(list) = views {
         o.views = Some(ViewSet::parse(&list).map_err(|e| format!("mount option views: {e}"))?);
     }
-    Ok(o)
+    Ok((o, ignored))
 }
 
 /// Kernel mount options for fuser. The filesystem is not mounted `ro` at
@@ -363,5 +372,15 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown mount option")
         );
+    }
+
+    #[test]
+    fn sloppy_ignores_only_unknown_options() {
+        let args = vec!["frobnicate,cache_mb=8,x=1".to_string()];
+        let (o, ignored) = parse_with(&args, true).unwrap();
+        assert_eq!(o.cache_mb, Some(8));
+        assert_eq!(ignored, vec!["frobnicate", "x=1"]);
+        assert!(parse_with(&["cache_mb=0".to_string()], true).is_err());
+        assert!(parse_with(&["rw".to_string()], true).is_err());
     }
 }

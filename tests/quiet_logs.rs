@@ -1,0 +1,90 @@
+//! Every WARN or ERROR line in the daemon's log means something an
+//! operator should look at: a mount, a read and a normal unmount log none,
+//! whether the unmount is `fusermount3 -u` (the kernel unmounts first and
+//! the session ends), `umount` or SIGTERM (the daemon unmounts).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::mount::{MountGuard, background_pid, fuse_available, mount_bin, pid_alive};
+
+fn demo(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("demo")
+        .join(name)
+}
+
+/// The WARN and ERROR lines of a log.
+fn loud_lines(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect()
+}
+
+fn mount_read_unmount(how: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let log = dir.path().join("daemon.log");
+    let mut guard = MountGuard::new(&mp, None);
+    let out = Command::new(mount_bin())
+        .arg(demo("tiny-llama.rknot"))
+        .arg(&mp)
+        .arg("--dense")
+        .arg(demo("tiny-llama.gguf"))
+        .arg("--log-file")
+        .arg(&log)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = background_pid(&stdout).expect("pid");
+    guard.set_pid(Some(pid));
+    // Reads of a tensor file, a view, index.json and ctl.
+    for f in ["blk.0.attn_q.weight.f32", "model.gguf", "index.json", "ctl"] {
+        std::fs::read(mp.join(f)).unwrap();
+    }
+    match how {
+        "fusermount3" | "umount" => {
+            let mut c = Command::new(how);
+            if how == "fusermount3" {
+                c.arg("-u");
+            }
+            assert!(c.arg(&mp).status().unwrap().success());
+        }
+        // SAFETY: signalling the daemon this test started.
+        _ => unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        },
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pid_alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!pid_alive(pid), "daemon still running after {how}");
+    guard.exited();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("; exiting"), "{how}: {text}");
+    assert_eq!(loud_lines(&text), Vec::<&str>::new(), "{how}: {text}");
+}
+
+#[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn normal_unmounts_log_no_warn_or_error() {
+    if !fuse_available() {
+        return;
+    }
+    for how in ["fusermount3", "umount", "SIGTERM"] {
+        mount_read_unmount(how);
+    }
+}
