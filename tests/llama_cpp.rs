@@ -9,7 +9,9 @@
 //!   the final one is the committed figure of tests/data/probe/reference.json
 //!   (the same llama.cpp on llama-quantize's F32 GGUF of the Q4_1 file);
 //! - llama.cpp maps the mount's file (`CPU_Mapped` buffers: mmap, its
-//!   default), it does not read it into memory.
+//!   default), it does not read it into memory;
+//! - the same (but for the committed figure) on the mount of a
+//!   self-contained `.rknot` encoded from SmolLM2 with the defaults.
 //!
 //! Opt-in: set RKNOT_LLAMA_BIN, when building and running the tests, to the
 //! directory `tools/llama-cpp.sh --print-bin-dir` prints (it builds the tools
@@ -137,6 +139,40 @@ fn assert_mapped(what: &str, stderr: &str) {
     );
 }
 
+/// Mounts `source` and runs both tools on its `model.gguf` and on a local
+/// copy of it: " Paris", mmap, the same completion and the same perplexity
+/// estimates on both. Returns the final estimate line.
+fn tools_on_the_view(bin: &Path, source: &Path) -> String {
+    let m = Mounted::new(source, &[]);
+    let view = m.path("model.gguf");
+    // First read of the mount: llama.cpp's mmap, nothing cached yet.
+    let (from_mount, err) = complete(bin, &view);
+    assert_mapped("llama-completion on the mount", &err);
+    assert!(
+        from_mount.starts_with(" Paris"),
+        "{PROMPT:?} -> {from_mount:?}\n{err}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("model-f32.gguf");
+    std::fs::copy(&view, &copy).unwrap();
+    let (from_copy, err) = complete(bin, &copy);
+    assert_eq!(from_mount, from_copy, "mount vs local copy\n{err}");
+
+    let (estimate, windows, err) = perplexity(bin, &view);
+    assert_mapped("llama-perplexity on the mount", &err);
+    let (estimate_copy, windows_copy, _) = perplexity(bin, &copy);
+    eprintln!(
+        "{}: mount: {estimate} ({windows}); local F32 copy: {estimate_copy}",
+        source.display()
+    );
+    assert_eq!(estimate, estimate_copy, "perplexity: mount vs local copy");
+    assert_eq!(
+        windows, windows_copy,
+        "per-window perplexity: mount vs local copy"
+    );
+    estimate
+}
+
 #[test]
 #[cfg_attr(
     rknot_no_llama_cpp,
@@ -156,30 +192,7 @@ fn llama_cpp_tools_on_the_gguf_view() {
     if !fuse_available() {
         return;
     }
-    let m = Mounted::new(&model, &[]);
-    let view = m.path("model.gguf");
-    // First read of the mount: llama.cpp's mmap, nothing cached yet.
-    let (from_mount, err) = complete(&bin, &view);
-    assert_mapped("llama-completion on the mount", &err);
-    assert!(
-        from_mount.starts_with(" Paris"),
-        "{PROMPT:?} -> {from_mount:?}\n{err}"
-    );
-    let tmp = tempfile::tempdir().unwrap();
-    let copy = tmp.path().join("model-f32.gguf");
-    std::fs::copy(&view, &copy).unwrap();
-    let (from_copy, err) = complete(&bin, &copy);
-    assert_eq!(from_mount, from_copy, "mount vs local copy\n{err}");
-
-    let (estimate, windows, err) = perplexity(&bin, &view);
-    assert_mapped("llama-perplexity on the mount", &err);
-    let (estimate_copy, windows_copy, _) = perplexity(&bin, &copy);
-    eprintln!("mount: {estimate} ({windows}); local F32 copy: {estimate_copy}");
-    assert_eq!(estimate, estimate_copy, "perplexity: mount vs local copy");
-    assert_eq!(
-        windows, windows_copy,
-        "per-window perplexity: mount vs local copy"
-    );
+    let estimate = tools_on_the_view(&bin, &model);
     // The same figure as the committed one, made with the same llama.cpp on
     // the F32 GGUF that llama.cpp's own llama-quantize writes from the Q4_1
     // file (tools/probe_reference.py): a reference that does not come from
@@ -201,4 +214,40 @@ fn llama_cpp_tools_on_the_gguf_view() {
         estimate, want,
         "perplexity: mount vs the committed llama.cpp figure"
     );
+}
+
+/// The same on a self-contained `.rknot` that `rknot encode rknot` makes
+/// from SmolLM2 with its defaults (lossy: about 5.8 bits per weight, 30 s):
+/// llama.cpp on the mount still answers " Paris", and the perplexity of the
+/// decoded weights is the same through the mount as from a local copy.
+#[test]
+#[cfg_attr(
+    rknot_no_llama_cpp,
+    ignore = "opt-in: set RKNOT_LLAMA_BIN to the bin directory of tools/llama-cpp.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_model, not(rknot_no_llama_cpp)),
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_llama_cpp), not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn llama_cpp_tools_on_a_self_contained_rknot() {
+    let Some(bin) = llama_bin() else { return };
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let encoded = tmp.path().join("smollm2.rknot");
+    let o = run_rknot(&[
+        "encode",
+        "rknot",
+        model.to_str().unwrap(),
+        "--out",
+        encoded.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    tools_on_the_view(&bin, &encoded);
 }
