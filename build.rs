@@ -15,7 +15,9 @@
 //! - `rknot_no_model`: no SmolLM2 test model at
 //!   models/SmolLM2-135M-Instruct.Q4_1.gguf (or `$RKNOT_SMOLLM2`);
 //! - `rknot_no_llama`: `RKNOT_LLAMA_PYTHON` is not set (the opt-in
-//!   llama.cpp test).
+//!   llama-cpp-python test in tests/views.rs);
+//! - `rknot_no_llama_cpp`: `RKNOT_LLAMA_BIN` is not set (the opt-in test of
+//!   llama.cpp's command-line tools, tests/llama_cpp.rs).
 //!
 //! `RKNOT_REQUIRE_FUSE=1` / `RKNOT_REQUIRE_MODEL=1` never emit their cfg: the
 //! tests then run and fail loudly at run time when the capability is
@@ -87,9 +89,20 @@ fn have_model() -> bool {
     present
 }
 
+/// The opt-in tests: the variable that turns each on, and the cfg emitted
+/// when it is unset or empty.
+const OPT_INS: [(&str, &str); 2] = [
+    ("RKNOT_LLAMA_PYTHON", "rknot_no_llama"),
+    ("RKNOT_LLAMA_BIN", "rknot_no_llama_cpp"),
+];
+
 /// The cfgs of the tests that need a capability (see the top of the file).
 fn test_capabilities() {
-    for cfg in ["rknot_no_fuse", "rknot_no_model", "rknot_no_llama"] {
+    let opt_in_cfgs = OPT_INS.map(|(_, cfg)| cfg);
+    for cfg in ["rknot_no_fuse", "rknot_no_model"]
+        .iter()
+        .chain(&opt_in_cfgs)
+    {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
     }
     let pretend_no_fuse = env_flag("RKNOT_PRETEND_NO_FUSE");
@@ -103,9 +116,11 @@ fn test_capabilities() {
         println!("cargo::rustc-cfg=rknot_no_model");
     }
     println!("cargo::rerun-if-env-changed=RKNOT_SMOLLM2");
-    println!("cargo::rerun-if-env-changed=RKNOT_LLAMA_PYTHON");
-    if std::env::var_os("RKNOT_LLAMA_PYTHON").is_none_or(|v| v.is_empty()) {
-        println!("cargo::rustc-cfg=rknot_no_llama");
+    for (var, cfg) in OPT_INS {
+        println!("cargo::rerun-if-env-changed={var}");
+        if std::env::var_os(var).is_none_or(|v| v.is_empty()) {
+            println!("cargo::rustc-cfg={cfg}");
+        }
     }
 }
 

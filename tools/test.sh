@@ -2,7 +2,8 @@
 # The whole test suite, with its set-up, on a fresh Debian machine with the
 # Rust toolchain and python3: installs the Python packages the cross-checks
 # use in a virtual environment (tools/python-env.sh; Debian's python3 refuses
-# pip into the system), fetches the SmolLM2 test model, then runs lint, every cargo test
+# pip into the system), fetches the SmolLM2 test model, builds llama.cpp's
+# tools once (tools/llama-cpp.sh, cached), then runs lint, every cargo test
 # (the real-model tests are mandatory here), the reader fuzzers for a bounded
 # time, and the independent reader written from docs/FORMAT.md.
 #
@@ -26,7 +27,7 @@ step() { printf '\n=== %s\n' "$*"; }
 allow_skip=false
 case ${RKNOT_ALLOW_SKIP:-} in "" | 0) ;; *) allow_skip=true ;; esac
 
-step "set-up: system packages, test model, Python packages"
+step "set-up: system packages, test model, Python packages, llama.cpp tools"
 # fuse3 (mount tests), rsync (the mount's rsync -a check), systemd
 # (systemd-analyze verify of the unit), strace (the order of rknot-mount's
 # checks on a hung mount): installed when missing and possible.
@@ -52,6 +53,19 @@ echo "python3: $(command -v python3) ($(python3 --version 2>&1))"
 if ! tools/fetch-smollm2.sh; then
   echo "could not fetch the SmolLM2 test model (tools/fetch-smollm2.sh)"
   $allow_skip || exit 1
+fi
+# llama.cpp's llama-completion and llama-perplexity, built once from the
+# llama-cpp-python sdist and cached (tools/llama-cpp.sh; a cold build is a
+# few minutes of 2 cores), for tests/llama_cpp.rs, which runs them on the
+# mount's model.gguf. A failed build fails the run (RKNOT_ALLOW_SKIP: the
+# test is reported as ignored instead).
+if llama_bin=$(tools/llama-cpp.sh --print-bin-dir); then
+  export RKNOT_LLAMA_BIN=$llama_bin
+  echo "llama.cpp tools: $RKNOT_LLAMA_BIN"
+else
+  echo "could not build llama.cpp's tools (tools/llama-cpp.sh)"
+  $allow_skip || exit 1
+  unset RKNOT_LLAMA_BIN
 fi
 
 step "capabilities: FUSE mounts and the SmolLM2 model"

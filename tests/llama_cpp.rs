@@ -1,0 +1,253 @@
+//! llama.cpp's own command-line tools on the mount's `model.gguf`: the
+//! README's `llama-completion -m /mnt/w/model.gguf` example, run for real.
+//!
+//! - `llama-completion`, greedy, on "The capital of France is" answers
+//!   " Paris", from the mount and from a local copy of the mount's
+//!   `model.gguf` alike (the copy is an F32 GGUF of the same weights);
+//! - `llama-perplexity` over tests/data/probe/gpl-3.0.txt reports the same
+//!   estimates, to the last printed digit, on the mount and on the copy, and
+//!   the final one is the committed figure of tests/data/probe/reference.json
+//!   (the same llama.cpp on llama-quantize's F32 GGUF of the Q4_1 file);
+//! - llama.cpp maps the mount's file (`CPU_Mapped` buffers: mmap, its
+//!   default), it does not read it into memory;
+//! - the same (but for the committed figure) on the mount of a
+//!   self-contained `.rknot` encoded from SmolLM2 with the defaults.
+//!
+//! Opt-in: set RKNOT_LLAMA_BIN, when building and running the tests, to the
+//! directory `tools/llama-cpp.sh --print-bin-dir` prints (it builds the tools
+//! once from the llama-cpp-python sdist's vendored llama.cpp and caches
+//! them); `RKNOT_LLAMA_CPP=1 tools/test.sh` does both. Ignored otherwise
+//! (build.rs emits `rknot_no_llama_cpp`). Once set, the variable is a
+//! requirement: missing binaries fail the test. Needs the model and FUSE too.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::mount::{Mounted, fuse_available};
+use common::*;
+
+const PROMPT: &str = "The capital of France is";
+
+/// The directory of the llama.cpp tools, or `None` with a note when
+/// RKNOT_LLAMA_BIN is unset (a run with `--ignored`, or a binary built with
+/// the variable and run without).
+fn llama_bin() -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os("RKNOT_LLAMA_BIN").filter(|p| !p.is_empty()) else {
+        eprintln!(
+            "NOTE: skipping: set RKNOT_LLAMA_BIN to the directory tools/llama-cpp.sh --print-bin-dir prints"
+        );
+        return None;
+    };
+    let dir = PathBuf::from(dir);
+    for tool in ["llama-completion", "llama-perplexity"] {
+        assert!(
+            dir.join(tool).is_file(),
+            "RKNOT_LLAMA_BIN is set but {} is missing (tools/llama-cpp.sh builds it)",
+            dir.join(tool).display()
+        );
+    }
+    Some(dir)
+}
+
+/// Runs `tool` from `bin` with `args`; its stdout and stderr, after checking
+/// that it succeeded.
+fn run(bin: &Path, tool: &str, args: &[&std::ffi::OsStr]) -> (String, String) {
+    let o = Command::new(bin.join(tool)).args(args).output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert!(
+        o.status.success(),
+        "{tool} {args:?}: {}\n{out}\n{err}",
+        o.status
+    );
+    (out, err)
+}
+
+/// Greedy completion of PROMPT: (the generated text after the prompt,
+/// stderr).
+fn complete(bin: &Path, model: &Path) -> (String, String) {
+    let args = [
+        "-m".as_ref(),
+        model.as_os_str(),
+        "-p".as_ref(),
+        PROMPT.as_ref(),
+        // 4 tokens, greedy (temperature 0), fixed seed, no chat mode (the
+        // tool would wait for input), a small context, both cores.
+        "-n".as_ref(),
+        "4".as_ref(),
+        "--temp".as_ref(),
+        "0".as_ref(),
+        "--seed".as_ref(),
+        "42".as_ref(),
+        "-no-cnv".as_ref(),
+        "-c".as_ref(),
+        "128".as_ref(),
+        "-t".as_ref(),
+        "2".as_ref(),
+        // (the loader's lines, "CPU_Mapped model buffer size", are at
+        // level 4)
+        "-lv".as_ref(),
+        "4".as_ref(),
+    ];
+    let (out, err) = run(bin, "llama-completion", &args);
+    let text = out
+        .strip_prefix(PROMPT)
+        .unwrap_or_else(|| panic!("stdout does not start with the prompt: {out:?}\n{err}"));
+    (text.to_string(), err)
+}
+
+/// `llama-perplexity` over the GPL-3 text with the command of the committed
+/// reference figure (tests/data/probe/reference.json, `perplexity.f32.prefix`:
+/// 4 windows of 256 tokens, f32 KV cache, no flash attention): (the "Final
+/// estimate: PPL = ..." line, the running estimates "[1]...,[4]...",
+/// stderr).
+fn perplexity(bin: &Path, model: &Path) -> (String, String, String) {
+    let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/probe/gpl-3.0.txt");
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "-m".as_ref(),
+        model.as_os_str(),
+        "-f".as_ref(),
+        text.as_os_str(),
+    ];
+    for a in "-c 256 -b 256 -t 2 -ctk f32 -ctv f32 -fa off --chunks 4 -lv 4".split(' ') {
+        args.push(a.as_ref());
+    }
+    let (out, err) = run(bin, "llama-perplexity", &args);
+    let all = format!("{out}\n{err}");
+    let estimate = all
+        .lines()
+        .find(|l| l.contains("Final estimate: PPL = "))
+        .unwrap_or_else(|| panic!("no final estimate:\n{all}"));
+    let estimate = estimate[estimate.find("Final estimate").unwrap()..].to_string();
+    // The running estimates, "[1]12.3456,[2]...,[4]..."
+    let windows = all
+        .lines()
+        .find(|l| l.contains("[1]") && l.contains("[4]"))
+        .unwrap_or_else(|| panic!("no per-window estimates:\n{all}"));
+    let windows = windows[windows.find("[1]").unwrap()..].trim().to_string();
+    (estimate, windows, err)
+}
+
+fn assert_mapped(what: &str, stderr: &str) {
+    assert!(
+        stderr.contains("CPU_Mapped model buffer size"),
+        "{what}: llama.cpp did not mmap the model:\n{stderr}"
+    );
+}
+
+/// Mounts `source` and runs both tools on its `model.gguf` and on a local
+/// copy of it: " Paris", mmap, the same completion and the same perplexity
+/// estimates on both. Returns the final estimate line.
+fn tools_on_the_view(bin: &Path, source: &Path) -> String {
+    let m = Mounted::new(source, &[]);
+    let view = m.path("model.gguf");
+    // First read of the mount: llama.cpp's mmap, nothing cached yet.
+    let (from_mount, err) = complete(bin, &view);
+    assert_mapped("llama-completion on the mount", &err);
+    assert!(
+        from_mount.starts_with(" Paris"),
+        "{PROMPT:?} -> {from_mount:?}\n{err}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("model-f32.gguf");
+    std::fs::copy(&view, &copy).unwrap();
+    let (from_copy, err) = complete(bin, &copy);
+    assert_eq!(from_mount, from_copy, "mount vs local copy\n{err}");
+
+    let (estimate, windows, err) = perplexity(bin, &view);
+    assert_mapped("llama-perplexity on the mount", &err);
+    let (estimate_copy, windows_copy, _) = perplexity(bin, &copy);
+    eprintln!(
+        "{}: mount: {estimate} ({windows}); local F32 copy: {estimate_copy}",
+        source.display()
+    );
+    assert_eq!(estimate, estimate_copy, "perplexity: mount vs local copy");
+    assert_eq!(
+        windows, windows_copy,
+        "per-window perplexity: mount vs local copy"
+    );
+    estimate
+}
+
+#[test]
+#[cfg_attr(
+    rknot_no_llama_cpp,
+    ignore = "opt-in: set RKNOT_LLAMA_BIN to the bin directory of tools/llama-cpp.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_model, not(rknot_no_llama_cpp)),
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_llama_cpp), not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn llama_cpp_tools_on_the_gguf_view() {
+    let Some(bin) = llama_bin() else { return };
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let estimate = tools_on_the_view(&bin, &model);
+    // The same figure as the committed one, made with the same llama.cpp on
+    // the F32 GGUF that llama.cpp's own llama-quantize writes from the Q4_1
+    // file (tools/probe_reference.py): a reference that does not come from
+    // rknot's view.
+    let reference: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/probe/reference.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let r = &reference["perplexity"]["f32"]["prefix"];
+    let want = format!(
+        "Final estimate: PPL = {:.4} +/- {:.5}",
+        r["ppl"].as_f64().unwrap(),
+        r["ppl_uncertainty"].as_f64().unwrap()
+    );
+    assert_eq!(
+        estimate, want,
+        "perplexity: mount vs the committed llama.cpp figure"
+    );
+}
+
+/// The same on a self-contained `.rknot` that `rknot encode rknot` makes
+/// from SmolLM2 with its defaults (lossy: about 5.8 bits per weight, 30 s):
+/// llama.cpp on the mount still answers " Paris", and the perplexity of the
+/// decoded weights is the same through the mount as from a local copy.
+#[test]
+#[cfg_attr(
+    rknot_no_llama_cpp,
+    ignore = "opt-in: set RKNOT_LLAMA_BIN to the bin directory of tools/llama-cpp.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_model, not(rknot_no_llama_cpp)),
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_llama_cpp), not(rknot_no_model)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn llama_cpp_tools_on_a_self_contained_rknot() {
+    let Some(bin) = llama_bin() else { return };
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let encoded = tmp.path().join("smollm2.rknot");
+    let o = run_rknot(&[
+        "encode",
+        "rknot",
+        model.to_str().unwrap(),
+        "--out",
+        encoded.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    tools_on_the_view(&bin, &encoded);
+}
