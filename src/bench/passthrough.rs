@@ -49,12 +49,13 @@
 //! gives them. If `ctl.json` says passthrough is off the section is skipped
 //! with its reason.
 //!
-//! Optional, `RKNOT_LLAMA_PYTHON` (a python3 with llama_cpp) and the
-//! SmolLM2 GGUF (`RKNOT_SMOLLM2`, default
-//! models/SmolLM2-135M-Instruct.Q4_1.gguf): seconds of
-//! `Llama(model_path, use_mmap=True, n_ctx=128)` for a local copy of the
-//! mount's `model.gguf` (F32), the plain mount, and the store's mount
-//! (first load with an empty store, second load), each in a new process.
+//! Optional, `RKNOT_LLAMA_BIN` (llama.cpp's tools, `tools/llama-cpp.sh
+//! --print-bin-dir`; tools/test.sh exports it) and the SmolLM2 GGUF
+//! (`RKNOT_SMOLLM2`, default models/SmolLM2-135M-Instruct.Q4_1.gguf):
+//! llama.cpp's own "load time" of a one-token `llama-completion` (which
+//! mmaps the model) of a local copy of the mount's `model.gguf` (F32), the
+//! plain mount, and the store's mount (first load with an empty store,
+//! second load), each in a new process.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -317,11 +318,6 @@ fn python_secs(py: &Path, script: &str, arg: &Path) -> BResult<f64> {
 const NUMPY_TOUCH: &str = "import sys, time\nimport numpy as np\n\
 m = np.memmap(sys.argv[1], dtype=np.uint8, mode='r')\n\
 t = time.perf_counter()\nint(m[::4096].sum(dtype=np.uint64))\n\
-print(time.perf_counter() - t)\n";
-
-const LLAMA_LOAD: &str = "import sys, time\nfrom llama_cpp import Llama\n\
-t = time.perf_counter()\n\
-m = Llama(model_path=sys.argv[1], use_mmap=True, n_ctx=128, verbose=False)\n\
 print(time.perf_counter() - t)\n";
 
 #[derive(Default)]
@@ -764,6 +760,35 @@ pub(super) fn decoded_bench(
     Ok(())
 }
 
+/// llama.cpp's own "load time" (seconds) of a one-token completion of
+/// `model` by the `llama-completion` binary `tool` (it mmaps the file).
+fn llama_load_secs(tool: &Path, model: &Path) -> BResult<f64> {
+    let o = Command::new(tool)
+        .arg("-m")
+        .arg(model)
+        .args(["-p", "The capital of France is", "-n", "1", "--temp", "0"])
+        .args(["-no-cnv", "-c", "128", "-t", "2"])
+        .output()
+        .map_err(|e| format!("{}: {e}", tool.display()))?;
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success() {
+        return Err(format!(
+            "{} on {}: {}\n{err}",
+            tool.display(),
+            model.display(),
+            o.status
+        ));
+    }
+    // "llama_perf_context_print:        load time =     123.45 ms"
+    err.lines()
+        .find_map(|l| {
+            let rest = l.split("load time =").nth(1)?;
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .map(|ms| ms / 1e3)
+        .ok_or_else(|| format!("no \"load time\" in llama-completion's output:\n{err}"))
+}
+
 /// Wait until the mount's background check of its store entries is done
 /// (`ctl.json` `decoded_cache.checks_pending` 0).
 fn wait_checked(d: &Daemon) -> BResult<()> {
@@ -794,14 +819,17 @@ fn llama_section(
         || PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
         PathBuf::from,
     );
-    let py = std::env::var_os("RKNOT_LLAMA_PYTHON")
-        .map(PathBuf::from)
-        .and_then(|p| python_with(&[p], "llama_cpp"));
-    let (Some(py), true) = (py, model.is_file()) else {
+    // llama.cpp's completion tool, as tools/llama-cpp.sh builds it
+    // (tools/test.sh exports RKNOT_LLAMA_BIN).
+    let tool = std::env::var_os("RKNOT_LLAMA_BIN")
+        .map(|d| PathBuf::from(d).join("llama-completion"))
+        .filter(|t| t.is_file());
+    let (Some(tool), true) = (tool, model.is_file()) else {
         let _ = writeln!(
             r,
-            "llama.cpp load: skipped (set RKNOT_LLAMA_PYTHON to a python3 with llama_cpp, and \
-             RKNOT_SMOLLM2 or have models/SmolLM2-135M-Instruct.Q4_1.gguf)"
+            "llama.cpp load: skipped (set RKNOT_LLAMA_BIN to the bin directory of \
+             tools/llama-cpp.sh --print-bin-dir, and RKNOT_SMOLLM2 or have \
+             models/SmolLM2-135M-Instruct.Q4_1.gguf)"
         );
         return Ok(());
     };
@@ -832,20 +860,20 @@ fn llama_section(
     let size = copy_file(&plain.path("model.gguf"), &local)?;
     let mut t: [Vec<f64>; 4] = Default::default();
     for _ in 0..o.rounds {
-        t[0].push(python_secs(&py, LLAMA_LOAD, &local)?);
+        t[0].push(llama_load_secs(&tool, &local)?);
         plain.drop_caches_of(&plain.path("model.gguf"))?;
-        t[1].push(python_secs(&py, LLAMA_LOAD, &plain.path("model.gguf"))?);
+        t[1].push(llama_load_secs(&tool, &plain.path("model.gguf"))?);
         let _ = std::fs::remove_dir_all(&cache);
         let d = Daemon::start_with(bin, &model, None, &mp_dc, &["--decoded-cache", &cache_arg])?;
-        t[2].push(python_secs(&py, LLAMA_LOAD, &d.path("model.gguf"))?);
-        t[3].push(python_secs(&py, LLAMA_LOAD, &d.path("model.gguf"))?);
+        t[2].push(llama_load_secs(&tool, &d.path("model.gguf"))?);
+        t[3].push(llama_load_secs(&tool, &d.path("model.gguf"))?);
         drop(d);
     }
     drop(plain);
     let _ = writeln!(
         r,
-        "llama.cpp load of SmolLM2 (model.gguf, F32, {} MiB): Llama(use_mmap=True, n_ctx=128), \
-         seconds, medians of {} rounds",
+        "llama.cpp load of SmolLM2 (model.gguf, F32, {} MiB, mmap): llama-completion -n 1 -c 128, \
+         its own \"load time\" in seconds, medians of {} rounds",
         size >> 20,
         o.rounds
     );
