@@ -15,7 +15,10 @@
 //! - `rknot_no_model`: no SmolLM2 test model at
 //!   models/SmolLM2-135M-Instruct.Q4_1.gguf (or `$RKNOT_SMOLLM2`);
 //! - `rknot_no_llama`: `RKNOT_LLAMA_PYTHON` is not set (the opt-in
-//!   llama.cpp test).
+//!   llama.cpp test);
+//! - `rknot_no_hf`: `RKNOT_HF_PYTHON` is not set (the transformers checks
+//!   of the `hf/` view; tools/hf-env.sh makes that Python, tools/test.sh
+//!   sets it).
 //!
 //! `RKNOT_REQUIRE_FUSE=1` / `RKNOT_REQUIRE_MODEL=1` never emit their cfg: the
 //! tests then run and fail loudly at run time when the capability is
@@ -89,7 +92,12 @@ fn have_model() -> bool {
 
 /// The cfgs of the tests that need a capability (see the top of the file).
 fn test_capabilities() {
-    for cfg in ["rknot_no_fuse", "rknot_no_model", "rknot_no_llama"] {
+    for cfg in [
+        "rknot_no_fuse",
+        "rknot_no_model",
+        "rknot_no_llama",
+        "rknot_no_hf",
+    ] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
     }
     let pretend_no_fuse = env_flag("RKNOT_PRETEND_NO_FUSE");
@@ -106,6 +114,10 @@ fn test_capabilities() {
     println!("cargo::rerun-if-env-changed=RKNOT_LLAMA_PYTHON");
     if std::env::var_os("RKNOT_LLAMA_PYTHON").is_none_or(|v| v.is_empty()) {
         println!("cargo::rustc-cfg=rknot_no_llama");
+    }
+    println!("cargo::rerun-if-env-changed=RKNOT_HF_PYTHON");
+    if std::env::var_os("RKNOT_HF_PYTHON").is_none_or(|v| v.is_empty()) {
+        println!("cargo::rustc-cfg=rknot_no_hf");
     }
 }
 
