@@ -245,7 +245,7 @@ fn smollm2_hf_listing_config_and_tensors() {
         shape("model.layers.7.post_attention_layernorm.weight"),
         [576]
     );
-    for (_, (dtype, ..)) in &st.tensors {
+    for (dtype, ..) in st.tensors.values() {
         assert_eq!(dtype, "F32");
     }
 

@@ -740,7 +740,7 @@ mod tests {
 
     #[test]
     fn gguf_names_map_to_hugging_face_names() {
-        let n = |s| hf_name(s).map(|(n, p)| (n, p));
+        let n = hf_name;
         assert_eq!(
             n("blk.12.attn_q.weight"),
             Some(("model.layers.12.self_attn.q_proj.weight".into(), Proj::Q))

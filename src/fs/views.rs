@@ -1040,6 +1040,43 @@ mod tests {
     }
 
     #[test]
+    fn permuted_segments_map_rows_to_their_source() {
+        // 2 groups of 4 rows of 3 elements, f32: rows 0..8 of the segment
+        // come from file rows 0 2 1 3 | 4 6 5 7.
+        let p = RowPerm {
+            groups: 2,
+            group_rows: 4,
+            row_elems: 3,
+        };
+        let s = Segment {
+            start: 100,
+            len: 8 * 3 * 4,
+            file: 0,
+            rows: Some(p),
+        };
+        let rows: Vec<u64> = (0..8).map(|r| p.src_row(r)).collect();
+        assert_eq!(rows, [0, 2, 1, 3, 4, 6, 5, 7]);
+        // Bytes 10..30: the end of row 0, all of row 1, the start of row 2.
+        assert_eq!(s.source_ranges(10..30, 4), vec![10..12, 24..36, 12..18]);
+        // Every byte once, in order, for every range.
+        for a in 0..96u64 {
+            for b in a..=96 {
+                let got: Vec<u64> = s.source_ranges(a..b, 4).into_iter().flatten().collect();
+                let want: Vec<u64> = (a..b).map(|x| p.src_row(x / 12) * 12 + x % 12).collect();
+                assert_eq!(got, want, "{a}..{b}");
+            }
+        }
+        assert_eq!(s.src_elem(4), 2 * 3 + 1);
+        // The layout refuses a permutation that does not cover the segment.
+        let bad = Segment {
+            len: 7 * 3 * 4,
+            ..s.clone()
+        };
+        assert!(Layout::new(vec![0; 100], ElemFormat::F32, vec![bad], 400).is_err());
+        assert!(Layout::new(vec![0; 100], ElemFormat::F32, vec![s], 400).is_ok());
+    }
+
+    #[test]
     fn read_ahead_follows_segments() {
         let segs = vec![
             Segment {
