@@ -10,13 +10,14 @@
 //!   transformers' own GGUF loader builds from the same key/values;
 //! - `model.safetensors` (and `model.f16.safetensors` /
 //!   `model.bf16.safetensors` with `--views f16,bf16`): every tensor under
-//!   its Hugging Face name, a [`Layout`] like the root's views, so reads go
-//!   through the same decoded-chunk cache. llama.cpp's converter permutes
-//!   the rows of llama's Q and K projections (per head, it interleaves the
-//!   two rotary halves); those segments carry a [`RowPerm`] that undoes it,
-//!   so a read of a row range of `q_proj` reads the matching GGUF rows.
-//!   qwen2's projections are not permuted by the converter and are served
-//!   as they are (what transformers' GGUF loader does too).
+//!   its Hugging Face name, a [`Layout`](super::views::Layout) like the
+//!   root's views, so reads go through the same decoded-chunk cache.
+//!   llama.cpp's converter permutes the rows of llama's Q and K projections
+//!   (per head, it interleaves the two rotary halves); those segments carry
+//!   a [`RowPerm`] that undoes it, so a read of a row range of `q_proj`
+//!   reads the matching GGUF rows. qwen2's projections are not permuted by
+//!   the converter and are served as they are (what transformers' GGUF
+//!   loader does too).
 //!
 //! Inodes (stable across remounts, see `fs` module docs): `HF_DIR_INO`
 //! (2^47) the directory, +1 `config.json`, +2 `generation_config.json`,

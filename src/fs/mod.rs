@@ -15,13 +15,19 @@
 //!   flight); writing a command line to it (`drop-cache`, job commands)
 //!   acts on the daemon;
 //! - with encoding jobs on: `ctl.json` (the status for tools) and `jobs/`
-//!   (one file per job, `jobs/N`).
+//!   (one file per job, `jobs/N`);
+//! - for llama and qwen2 models, `hf/`: a Hugging Face checkpoint directory
+//!   (`config.json`, `generation_config.json`, `tokenizer.json`,
+//!   `tokenizer_config.json`, `model.safetensors` with HF names and llama's
+//!   Q/K rows in HF order; [`hf`]).
 //!
 //! Inode numbers: 1 root, 2 `index.json`, 3 `ctl`, 4..=7 the model views,
-//! 8 `ctl.json`, 9 `jobs/`, `2^48 + n` for `jobs/n`, and
+//! 8 `ctl.json`, 9 `jobs/`, `2^48 + n` for `jobs/n`,
 //! `16 + i + k * 2^32` for the i-th tensor in the backend's order in
-//! format k (0 f32, 1 f16, 2 bf16), which is fixed by the source files, so
-//! they are stable across remounts of the same files.
+//! format k (0 f32, 1 f16, 2 bf16), and `2^47 + j` for `hf/` (j = 0) and
+//! its files (j = 1..=7, [`hf`]): all fixed by the source files, so they
+//! are stable across remounts of the same files. The tensor inodes end
+//! below `3 * 2^32 + 16`, far under `2^47`.
 //!
 //! Every file with tensor bytes in it (tensor files in any format, model
 //! views) is served from one decoded-chunk cache of f32 values, keyed by
@@ -32,8 +38,8 @@
 //! [`read`] (the read path over the cache), [`ctl`] (the control files:
 //! snapshots, commands, who may command), [`index`] (index.json, served in
 //! pages), [`views`] (engine views), [`prefetch`] (read-ahead threads),
-//! [`passthrough`] (opens served from the decoded-file store), [`fuse`]
-//! (the fuser adapter).
+//! [`passthrough`] (opens served from the decoded-file store), [`hf`] (the
+//! Hugging Face view), [`fuse`] (the fuser adapter).
 
 mod ctl;
 pub mod fuse;

@@ -16,7 +16,8 @@
 //! `--views` says): 4 `model.safetensors`, 5 `model.gguf`,
 //! 6 `model.f16.safetensors`, 7 `model.bf16.safetensors`; the tensor file of
 //! the i-th served tensor in format k (0 f32, 1 f16, 2 bf16) is
-//! `16 + i + k * 2^32`, so `.f32` inodes keep their `16 + i`.
+//! `16 + i + k * 2^32`, so `.f32` inodes keep their `16 + i`;
+//! `hf/model.safetensors` in format k is `2^47 + 5 + k` ([`super::hf`]).
 
 use std::ops::Range;
 
