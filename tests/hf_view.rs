@@ -352,6 +352,31 @@ fn layered_rknot_serves_hf() {
     }
     // Every tensor of the layered backend is there, as many bytes as served.
     assert_eq!(st.tensors.len(), b.tensors().len());
+    // Through the decoded-file store: its whole-file decode maps rows
+    // through the same permutation.
+    let store = tempfile::tempdir().unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(store.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let mc = Mounted::new(
+        &rk,
+        &[
+            "--dense",
+            dense.to_str().unwrap(),
+            "--decoded-cache",
+            store.path().to_str().unwrap(),
+        ],
+    );
+    let whole = std::fs::read(&path).unwrap();
+    assert!(std::fs::read(mc.path("hf/model.safetensors")).unwrap() == whole);
+    let ctl = mc.ctl();
+    assert!(
+        ctl.contains("errors 0") && ctl.contains("passthrough on"),
+        "{ctl}"
+    );
+    let log = mc.log();
+    assert!(log.contains("decoded cache: hf/model.safetensors"), "{log}");
 }
 
 #[test]

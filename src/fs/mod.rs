@@ -578,7 +578,7 @@ impl TensorFs {
     /// (`-o unverified=hold` while one runs): the FUSE adapter serves such
     /// reads on threads of their own.
     pub fn read_may_wait(&self, ino: u64) -> bool {
-        let data = (FIRST_TENSOR_INO..JOB_INO_BASE).contains(&ino)
+        let data = (FIRST_TENSOR_INO..hf::HF_DIR_INO).contains(&ino)
             || ModelView::ALL.iter().any(|v| v.ino() == ino);
         data && self.config.integrity.as_ref().is_some_and(|i| i.may_hold())
     }
