@@ -30,6 +30,8 @@
 //! Hugging Face name, a missing tensor) gets no `hf/`; index.json's
 //! `views.hf` says why.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value, json};
 
 use super::namespace::{TensorFile, ViewFile, view_metadata};
@@ -525,6 +527,16 @@ fn generation_config_json(md: &Metadata) -> Value {
     Value::Object(c)
 }
 
+/// Largest vocabulary and merge list rendered (the largest real ones are
+/// about 262k tokens); a file past them gets no tokenizer files.
+const MAX_VOCAB: usize = 1 << 21;
+const MAX_MERGES: usize = 1 << 22;
+
+/// Stand-ins for the vocabulary and merges while the rest of
+/// tokenizer.json is rendered.
+const VOCAB_MARK: &str = "\u{1}rknot-vocab\u{1}";
+const MERGES_MARK: &str = "\u{1}rknot-merges\u{1}";
+
 /// GGUF token types (llama.cpp's `llama_token_type`).
 const TOKEN_CONTROL: i64 = 3;
 const TOKEN_USER_DEFINED: i64 = 4;
@@ -598,25 +610,35 @@ fn tokenizer_files(md: &Metadata, ctx: u64) -> Result<(Vec<u8>, Value), String> 
     let table = crate::probe::tokenizer::byte_to_char_table();
     let alphabet: std::collections::HashSet<char> = table.iter().copied().collect();
     let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
-    // Later tokens of one spelling win, as in a Python dict.
-    let mut vocab = Map::with_capacity(tokens.len());
-    for (id, t) in tokens.iter().enumerate() {
-        let spelled = if in_alphabet(t) {
-            (*t).to_string()
-        } else {
-            t.bytes().map(|b| table[b as usize]).collect()
-        };
-        vocab.insert(spelled, json!(id));
+    if tokens.len() > MAX_VOCAB || merges.len() > MAX_MERGES {
+        return Err(format!(
+            "{} tokens and {} merges: more than hf/ renders ({MAX_VOCAB} / {MAX_MERGES})",
+            tokens.len(),
+            merges.len()
+        ));
     }
-    let mut pairs = Vec::with_capacity(merges.len());
+    // Spellings in the byte alphabet; later tokens of one spelling win, as
+    // in a Python dict.
+    let spelled: Vec<std::borrow::Cow<str>> = tokens
+        .iter()
+        .map(|t| {
+            if in_alphabet(t) {
+                std::borrow::Cow::Borrowed(*t)
+            } else {
+                std::borrow::Cow::Owned(t.bytes().map(|b| table[b as usize]).collect())
+            }
+        })
+        .collect();
+    let mut vocab: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
+    for (id, t) in spelled.iter().enumerate() {
+        vocab.insert(t, id);
+    }
     for (i, m) in merges.iter().enumerate() {
-        let parts: Vec<&str> = m.split(' ').collect();
-        if parts.len() != 2 {
+        if m.split(' ').count() != 2 {
             return Err(format!(
                 "tokenizer.ggml.merges[{i}] is not two tokens separated by one space"
             ));
         }
-        pairs.push(json!(parts));
     }
     let added_token = |id: usize, content: &str, special: bool| {
         json!({
@@ -629,9 +651,9 @@ fn tokenizer_files(md: &Metadata, ctx: u64) -> Result<(Vec<u8>, Value), String> 
         if *ty == TOKEN_CONTROL && in_alphabet(t) {
             added.push(added_token(id, t, true));
         } else if *ty == TOKEN_USER_DEFINED
-            && let Some(vid) = vocab.get(*t).and_then(Value::as_u64)
+            && let Some(&vid) = vocab.get(*t)
         {
-            added.push(added_token(vid as usize, t, false));
+            added.push(added_token(vid, t, false));
         }
     }
     let pre = md
@@ -709,11 +731,53 @@ fn tokenizer_files(md: &Metadata, ctx: u64) -> Result<(Vec<u8>, Value), String> 
             "fuse_unk": false,
             "byte_fallback": false,
             "ignore_merges": false,
-            "vocab": vocab,
-            "merges": pairs,
+            "vocab": VOCAB_MARK,
+            "merges": MERGES_MARK,
         },
     });
-    let mut tok = serde_json::to_string(&tokenizer).map_err(|e| e.to_string())?;
+    // The vocabulary and merges are written straight into the text (no
+    // JSON value per token): memory in proportion to the output.
+    let text = serde_json::to_string(&tokenizer).map_err(|e| e.to_string())?;
+    let quoted = |m: &str| serde_json::to_string(m).unwrap_or_default();
+    let (head, rest) = text
+        .split_once(&quoted(VOCAB_MARK))
+        .ok_or("internal error: no vocab mark")?;
+    let (mid, tail) = rest
+        .split_once(&quoted(MERGES_MARK))
+        .ok_or("internal error: no merges mark")?;
+    let mut tok = String::with_capacity(text.len() + 24 * (tokens.len() + merges.len()));
+    tok.push_str(head);
+    tok.push('{');
+    let mut first = true;
+    for (id, t) in spelled.iter().enumerate() {
+        // Only the id a spelling ends with (a Python dict's last write).
+        if vocab.get(t.as_ref()) != Some(&id) {
+            continue;
+        }
+        if !first {
+            tok.push(',');
+        }
+        first = false;
+        tok.push_str(&quoted(t));
+        tok.push(':');
+        tok.push_str(&id.to_string());
+    }
+    tok.push('}');
+    tok.push_str(mid);
+    tok.push('[');
+    for (i, m) in merges.iter().enumerate() {
+        if i > 0 {
+            tok.push(',');
+        }
+        let (a, b) = m.split_once(' ').unwrap_or((m, ""));
+        tok.push('[');
+        tok.push_str(&quoted(a));
+        tok.push(',');
+        tok.push_str(&quoted(b));
+        tok.push(']');
+    }
+    tok.push(']');
+    tok.push_str(tail);
     tok.push('\n');
     let name = |what: &str| token_of(what).map_or(Value::Null, |(_, s)| json!(s));
     let mut config = Map::new();
@@ -767,6 +831,104 @@ mod tests {
         ] {
             assert_eq!(n(bad), None, "{bad}");
         }
+    }
+
+    fn arr(xs: &[&str]) -> MetaValue {
+        MetaValue::Array {
+            elem: crate::format::meta::MetaType::String,
+            values: xs
+                .iter()
+                .map(|x| MetaValue::String(x.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn tokenizer_json_respells_dedups_and_marks_control_tokens() {
+        let mut md = Metadata::default();
+        md.push("tokenizer.ggml.model", MetaValue::String("gpt2".into()));
+        md.push("tokenizer.ggml.pre", MetaValue::String("qwen2".into()));
+        md.push(
+            "tokenizer.ggml.tokens",
+            arr(&["a", "b", "Ġa", " a", "<|x|>", "ab"]),
+        );
+        md.push(
+            "tokenizer.ggml.token_type",
+            MetaValue::Array {
+                elem: crate::format::meta::MetaType::I32,
+                values: [1, 1, 1, 1, 3, 4].map(MetaValue::I32).to_vec(),
+            },
+        );
+        md.push("tokenizer.ggml.merges", arr(&["a b"]));
+        md.push("tokenizer.ggml.eos_token_id", MetaValue::U32(4));
+        md.push("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
+        let (tok, config) = tokenizer_files(&md, 64).unwrap();
+        let v: Value = serde_json::from_slice(&tok).unwrap();
+        // " a" is respelled "Ġa" and, later, wins that spelling.
+        assert_eq!(
+            v["model"]["vocab"],
+            json!({"a": 0, "b": 1, "Ġa": 3, "<|x|>": 4, "ab": 5})
+        );
+        assert_eq!(v["model"]["merges"], json!([["a", "b"]]));
+        let added = v["added_tokens"].as_array().unwrap();
+        assert_eq!(added.len(), 2);
+        assert_eq!(
+            (added[0]["id"].as_u64(), added[0]["special"].as_bool()),
+            (Some(4), Some(true))
+        );
+        assert_eq!(
+            (added[1]["id"].as_u64(), added[1]["special"].as_bool()),
+            (Some(5), Some(false))
+        );
+        assert_eq!(v["pre_tokenizer"]["type"], "Sequence");
+        assert_eq!(config["eos_token"], "<|x|>");
+        assert_eq!(config["bos_token"], Value::Null);
+        // Only byte-level BPE, with its merges.
+        let mut spm = md.clone();
+        spm.entries[0].1 = MetaValue::String("llama".into());
+        assert!(tokenizer_files(&spm, 64).unwrap_err().contains("\"llama\""));
+        let mut bad = md.clone();
+        bad.entries.retain(|(k, _)| k != "tokenizer.ggml.merges");
+        assert!(tokenizer_files(&bad, 64).unwrap_err().contains("merges"));
+    }
+
+    #[test]
+    fn params_refuse_what_hf_cannot_express() {
+        let base = |arch: &str| {
+            let mut md = Metadata::default();
+            md.push("general.architecture", MetaValue::String(arch.into()));
+            for (k, v) in [
+                ("embedding_length", 64),
+                ("attention.head_count", 4),
+                ("attention.head_count_kv", 2),
+                ("feed_forward_length", 128),
+                ("block_count", 2),
+                ("context_length", 256),
+            ] {
+                md.push(format!("{arch}.{k}"), MetaValue::U32(v));
+            }
+            md.push(
+                format!("{arch}.attention.layer_norm_rms_epsilon"),
+                MetaValue::F32(1e-6),
+            );
+            md
+        };
+        let p = params(&base("qwen2")).unwrap();
+        assert_eq!((p.arch, p.head_dim, p.kv_heads), (Arch::Qwen2, 16, 2));
+        assert!(params(&base("phi3")).unwrap_err().contains("\"phi3\""));
+        let mut partial = base("llama");
+        partial.push("llama.rope.dimension_count", MetaValue::U32(8));
+        assert!(params(&partial).unwrap_err().contains("partial rotary"));
+        let mut yarn = base("llama");
+        yarn.push("llama.rope.scaling.type", MetaValue::String("yarn".into()));
+        assert!(params(&yarn).unwrap_err().contains("yarn"));
+        let mut linear = base("llama");
+        linear.push(
+            "llama.rope.scaling.type",
+            MetaValue::String("linear".into()),
+        );
+        linear.push("llama.rope.scaling.factor", MetaValue::F32(4.0));
+        assert_eq!(params(&linear).unwrap().linear_scale, Some(4.0));
     }
 
     #[test]
