@@ -16,8 +16,12 @@
 //!   models/SmolLM2-135M-Instruct.Q4_1.gguf (or `$RKNOT_SMOLLM2`);
 //! - `rknot_no_llama`: `RKNOT_LLAMA_PYTHON` is not set (the opt-in
 //!   llama-cpp-python test in tests/views.rs);
-//! - `rknot_no_llama_cpp`: `RKNOT_LLAMA_BIN` is not set (the opt-in test of
-//!   llama.cpp's command-line tools, tests/llama_cpp.rs).
+//! - `rknot_no_llama_cpp`: `RKNOT_LLAMA_BIN` is not set (the test of
+//!   llama.cpp's command-line tools, tests/llama_cpp.rs; tools/llama-cpp.sh
+//!   builds them, tools/test.sh sets it);
+//! - `rknot_no_hf`: `RKNOT_HF_PYTHON` is not set (the transformers checks
+//!   of the `hf/` view; tools/hf-env.sh makes that Python, tools/test.sh
+//!   sets it).
 //!
 //! `RKNOT_REQUIRE_FUSE=1` / `RKNOT_REQUIRE_MODEL=1` never emit their cfg: the
 //! tests then run and fail loudly at run time when the capability is
@@ -91,9 +95,10 @@ fn have_model() -> bool {
 
 /// The opt-in tests: the variable that turns each on, and the cfg emitted
 /// when it is unset or empty.
-const OPT_INS: [(&str, &str); 2] = [
+const OPT_INS: [(&str, &str); 3] = [
     ("RKNOT_LLAMA_PYTHON", "rknot_no_llama"),
     ("RKNOT_LLAMA_BIN", "rknot_no_llama_cpp"),
+    ("RKNOT_HF_PYTHON", "rknot_no_hf"),
 ];
 
 /// The cfgs of the tests that need a capability (see the top of the file).

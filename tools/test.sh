@@ -7,10 +7,11 @@
 # (the real-model tests are mandatory here), the reader fuzzers for a bounded
 # time, and the independent reader written from docs/FORMAT.md.
 #
-# Required by default: root, /dev/fuse (opened read-write), fusermount3 and
-# the SmolLM2 model. A machine without one of them fails here, before the
-# tests, naming what is missing (exports RKNOT_REQUIRE_FUSE=1 and
-# RKNOT_REQUIRE_MODEL=1, so a test that cannot run fails instead of passing).
+# Required by default: root, /dev/fuse (opened read-write), fusermount3,
+# the SmolLM2 model, and torch + transformers (tools/hf-env.sh). A machine
+# without one of them fails here, before the tests, naming what is missing
+# (exports RKNOT_REQUIRE_FUSE=1 and RKNOT_REQUIRE_MODEL=1, so a test that
+# cannot run fails instead of passing).
 #
 #   RKNOT_FUZZ_SECS    seconds per fuzz target (default 30)
 #   RKNOT_ALLOW_SKIP=1 opt out: run without what is missing; the tests that
@@ -67,6 +68,20 @@ else
   $allow_skip || exit 1
   unset RKNOT_LLAMA_BIN
 fi
+# torch + transformers for the hf/ view's checks (tests/hf_view.rs), in an
+# environment of their own (tools/hf-env.sh: ~5.6 GB and ~4 minutes the
+# first time on a machine, a version check afterwards); exports
+# RKNOT_HF_PYTHON, which build.rs and the test read. A caller's
+# RKNOT_HF_PYTHON is used as it is.
+if [ -z "${RKNOT_HF_PYTHON:-}" ]; then
+  . tools/hf-env.sh
+  if ! rknot_hf_env; then
+    echo "could not set up torch + transformers (tools/hf-env.sh)"
+    $allow_skip || exit 1
+    echo "RKNOT_ALLOW_SKIP is set: the transformers checks of hf/ are reported as ignored"
+  fi
+fi
+echo "transformers checks: ${RKNOT_HF_PYTHON:-off}"
 
 step "capabilities: FUSE mounts and the SmolLM2 model"
 # The same checks as build.rs and the tests' fuse_available()/smollm2().

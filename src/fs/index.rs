@@ -10,6 +10,7 @@
 
 use serde_json::{Value, json};
 
+use super::hf::HF_DIR_NAME;
 use super::namespace::{Namespace, ViewFile, view_metadata};
 use super::views::{ElemFormat, ModelView};
 use crate::backend::Backend;
@@ -66,6 +67,24 @@ fn render_element(v: &Value, last: bool) -> Vec<u8> {
     crate::text::escape_json_text(out).into_bytes()
 }
 
+/// `views.hf`: whether `hf/` is there, its files, or why it is not.
+fn hf_value(ns: &Namespace) -> Value {
+    match &ns.hf {
+        Ok(dir) => {
+            let mut v = json!({
+                "available": true,
+                "dir": HF_DIR_NAME,
+                "files": ns.hf_entries().iter().map(|(n, _)| format!("{HF_DIR_NAME}/{n}")).collect::<Vec<_>>(),
+            });
+            if !dir.notes.is_empty() {
+                v["notes"] = json!(dir.notes);
+            }
+            v
+        }
+        Err(why) => json!({"available": false, "dir": HF_DIR_NAME, "unavailable_reason": why}),
+    }
+}
+
 fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> Value {
     let files: Vec<Value> = views
         .iter()
@@ -74,7 +93,7 @@ fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> V
                 "name": vf.view.name(),
                 "kind": match vf.view {
                     ModelView::Gguf => "gguf",
-                    ModelView::Safetensors(_) => "safetensors",
+                    ModelView::Safetensors(_) | ModelView::Hf(_) => "safetensors",
                 },
                 "dtype": vf.view.format().dtype(),
                 "available": vf.layout.is_ok(),
@@ -113,6 +132,7 @@ impl IndexJson {
                 .collect();
         }
         v["views"] = views_value(b, &ns.formats, &ns.views);
+        v["views"]["hf"] = hf_value(ns);
         v["version"] = json!(env!("CARGO_PKG_VERSION"));
         let mut doc = serde_json::to_string_pretty(&v).unwrap_or_default();
         doc.push('\n');

@@ -15,13 +15,19 @@
 //!   flight); writing a command line to it (`drop-cache`, job commands)
 //!   acts on the daemon;
 //! - with encoding jobs on: `ctl.json` (the status for tools) and `jobs/`
-//!   (one file per job, `jobs/N`).
+//!   (one file per job, `jobs/N`);
+//! - for llama and qwen2 models, `hf/`: a Hugging Face checkpoint directory
+//!   (`config.json`, `generation_config.json`, `tokenizer.json`,
+//!   `tokenizer_config.json`, `model.safetensors` with HF names and llama's
+//!   Q/K rows in HF order; [`hf`]).
 //!
 //! Inode numbers: 1 root, 2 `index.json`, 3 `ctl`, 4..=7 the model views,
-//! 8 `ctl.json`, 9 `jobs/`, `2^48 + n` for `jobs/n`, and
+//! 8 `ctl.json`, 9 `jobs/`, `2^48 + n` for `jobs/n`,
 //! `16 + i + k * 2^32` for the i-th tensor in the backend's order in
-//! format k (0 f32, 1 f16, 2 bf16), which is fixed by the source files, so
-//! they are stable across remounts of the same files.
+//! format k (0 f32, 1 f16, 2 bf16), and `2^47 + j` for `hf/` (j = 0) and
+//! its files (j = 1..=7, [`hf`]): all fixed by the source files, so they
+//! are stable across remounts of the same files. The tensor inodes end
+//! below `3 * 2^32 + 16`, far under `2^47`.
 //!
 //! Every file with tensor bytes in it (tensor files in any format, model
 //! views) is served from one decoded-chunk cache of f32 values, keyed by
@@ -32,11 +38,12 @@
 //! [`read`] (the read path over the cache), [`ctl`] (the control files:
 //! snapshots, commands, who may command), [`index`] (index.json, served in
 //! pages), [`views`] (engine views), [`prefetch`] (read-ahead threads),
-//! [`passthrough`] (opens served from the decoded-file store), [`fuse`]
-//! (the fuser adapter).
+//! [`passthrough`] (opens served from the decoded-file store), [`hf`] (the
+//! Hugging Face view), [`fuse`] (the fuser adapter).
 
 mod ctl;
 pub mod fuse;
+pub mod hf;
 mod index;
 mod namespace;
 pub mod passthrough;
@@ -53,7 +60,7 @@ use crate::backend::Backend;
 use crate::cache::{BlockCache, Chunk};
 pub use ctl::MAX_LINE as MAX_CTL_LINE;
 pub use namespace::{MAX_FILE_BYTES, tensor_ino};
-use views::{FORMAT_INO_STRIDE, ModelView, ViewSet};
+use views::{ElemFormat, FORMAT_INO_STRIDE, ModelView, ViewSet};
 
 pub const ROOT_INO: u64 = 1;
 pub const INDEX_INO: u64 = 2;
@@ -238,9 +245,21 @@ impl TensorFs {
             .into_iter()
             .filter(|v| v.requested(config.views))
             .collect();
-        let (gguf, safetensors): (Vec<ModelView>, Vec<ModelView>) =
-            requested.iter().partition(|v| **v == ModelView::Gguf);
-        let (mut views, views_ms) = std::thread::scope(|s| {
+        let hf_formats: Vec<ElemFormat> = requested
+            .iter()
+            .filter(|v| v.in_hf_dir())
+            .map(|v| v.format())
+            .collect();
+        let (gguf, safetensors): (Vec<ModelView>, Vec<ModelView>) = requested
+            .iter()
+            .filter(|v| !v.in_hf_dir())
+            .partition(|v| **v == ModelView::Gguf);
+        let (mut views, views_ms, hf_dir) = std::thread::scope(|s| {
+            // hf/ (its header, config and tokenizer JSON) on a third thread.
+            let hf = {
+                let (b, files, formats) = (backend.as_ref(), &files, &hf_formats);
+                s.spawn(move || hf::build(b, files, formats))
+            };
             let build = |which: Vec<ModelView>| {
                 let (b, files) = (backend.as_ref(), &files);
                 s.spawn(move || {
@@ -264,7 +283,17 @@ impl TensorFs {
                     }
                 }
             }
-            views
+            let hf_dir = match hf.join() {
+                Ok(built) => {
+                    views.0.extend(built.views);
+                    built.dir
+                }
+                Err(_) => {
+                    log::error!("building hf/ failed (a bug); it is not offered");
+                    Err("internal error while building hf/".to_string())
+                }
+            };
+            (views.0, views.1, hf_dir)
         });
         views.sort_by_key(|v| ModelView::ALL.iter().position(|x| *x == v.view));
         let jobs = config.jobs.as_ref().map(|j| {
@@ -282,6 +311,7 @@ impl TensorFs {
             unserved,
             formats,
             views,
+            hf_dir,
             jobs.is_some(),
         );
         let index = index::IndexJson::build(backend.as_ref(), &ns);
@@ -427,6 +457,7 @@ impl TensorFs {
         match ino {
             ROOT_INO => Err(libc::EISDIR),
             JOBS_DIR_INO if self.jobs.is_some() => Err(libc::EISDIR),
+            hf::HF_DIR_INO if self.ns.hf.is_ok() => Err(libc::EISDIR),
             _ if self.is_live(ino) && self.getattr(ino).is_ok() => {
                 self.open_ctl(ino, fh, read, write, caller)?;
                 Ok(live)
@@ -436,6 +467,11 @@ impl TensorFs {
                 Err(libc::EROFS)
             }
             INDEX_INO => Ok(OpenMode {
+                fh,
+                keep_cache: true,
+                direct_io: false,
+            }),
+            _ if self.hf_file(ino).is_some() => Ok(OpenMode {
                 fh,
                 keep_cache: true,
                 direct_io: false,
@@ -497,7 +533,14 @@ impl TensorFs {
                 offset,
                 size,
             ))),
-            ROOT_INO | JOBS_DIR_INO => Err(libc::EISDIR),
+            ROOT_INO | JOBS_DIR_INO | hf::HF_DIR_INO => Err(libc::EISDIR),
+            _ if let Some(f) = self.hf_file(ino) => {
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(f.bytes.len());
+                let end = start.saturating_add(size as usize).min(f.bytes.len());
+                Ok(ReadData::Owned(f.bytes[start..end].to_vec()))
+            }
             // Control files, from their handle's snapshot. The inode is
             // checked first: a tensor read takes no lock of ctl's.
             _ if (matches!(ino, CTL_INO | CTL_JSON_INO) || ino >= JOB_INO_BASE)
@@ -535,7 +578,7 @@ impl TensorFs {
     /// (`-o unverified=hold` while one runs): the FUSE adapter serves such
     /// reads on threads of their own.
     pub fn read_may_wait(&self, ino: u64) -> bool {
-        let data = (FIRST_TENSOR_INO..JOB_INO_BASE).contains(&ino)
+        let data = (FIRST_TENSOR_INO..hf::HF_DIR_INO).contains(&ino)
             || ModelView::ALL.iter().any(|v| v.ino() == ino);
         data && self.config.integrity.as_ref().is_some_and(|i| i.may_hold())
     }

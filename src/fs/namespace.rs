@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
+use super::hf::{self, HF_DIR_INO, HF_DIR_NAME, HfDir};
 use super::views::{self, ElemFormat, FORMAT_INO_STRIDE, Layout, ModelView, ViewTensor};
 use super::{
     Attr, CTL_INO, CTL_JSON_INO, CTL_JSON_NAME, CTL_NAME, FIRST_TENSOR_INO, FsConfig, INDEX_INO,
@@ -72,6 +73,9 @@ pub(super) struct Namespace {
     /// Newest of the source files: the model views mix them.
     pub(super) views_mtime: SystemTime,
     jobs: bool,
+    /// `hf/` (its JSON files; its safetensors views are in `views`), or why
+    /// there is none.
+    pub(super) hf: std::result::Result<HfDir, String>,
 }
 
 fn mtime_of(path: &Path) -> SystemTime {
@@ -164,6 +168,7 @@ pub(super) fn build_views(
                 name: &t.name.dot,
                 shape: &t.shape,
                 n_elements: t.n_elements,
+                rows: None,
             }
         })
         .collect();
@@ -173,7 +178,7 @@ pub(super) fn build_views(
         .iter()
         .filter_map(|v| match v {
             ModelView::Safetensors(f) => Some(*f),
-            ModelView::Gguf => None,
+            ModelView::Gguf | ModelView::Hf(_) => None,
         })
         .collect();
     // In `requested` order.
@@ -187,6 +192,8 @@ pub(super) fn build_views(
             },
             ModelView::Gguf => gguf_refusal(md, &tensors, &unavailable)
                 .map_or_else(|| views::gguf(&tensors, md).map_err(|e| e.to_string()), Err),
+            // Built by `hf::build`.
+            ModelView::Hf(_) => continue,
         };
         let mut notes = Vec::new();
         if !unavailable.is_empty() && view != ModelView::Gguf {
@@ -271,6 +278,7 @@ impl Namespace {
         unserved: Vec<(String, String)>,
         formats: Vec<ElemFormat>,
         views: Vec<ViewFile>,
+        hf: std::result::Result<HfDir, String>,
         jobs: bool,
     ) -> Namespace {
         let mut fixed = vec![(INDEX_NAME, INDEX_INO), (CTL_NAME, CTL_INO)];
@@ -278,8 +286,14 @@ impl Namespace {
             fixed.push((CTL_JSON_NAME, CTL_JSON_INO));
             fixed.push((JOBS_DIR_NAME, JOBS_DIR_INO));
         }
-        for v in views.iter().filter(|v| v.layout.is_ok()) {
+        for v in views
+            .iter()
+            .filter(|v| v.layout.is_ok() && !v.view.in_hf_dir())
+        {
             fixed.push((v.view.name(), v.view.ino()));
+        }
+        if hf.is_ok() {
+            fixed.push((HF_DIR_NAME, HF_DIR_INO));
         }
         let mut file_of = vec![None; b.tensors().len()];
         for (f, tf) in files.iter().enumerate() {
@@ -298,7 +312,23 @@ impl Namespace {
             root_mtime,
             views_mtime,
             jobs,
+            hf,
         }
+    }
+
+    /// `hf/`'s entries in listing order: its JSON files, then its offered
+    /// safetensors views.
+    pub(super) fn hf_entries(&self) -> Vec<(&'static str, u64)> {
+        let Ok(dir) = &self.hf else {
+            return Vec::new();
+        };
+        let mut out: Vec<(&'static str, u64)> = dir.files.iter().map(|f| (f.name, f.ino)).collect();
+        out.extend(
+            self.offered_views()
+                .filter(|(v, _)| v.view.in_hf_dir())
+                .map(|(v, _)| (v.view.file_name(), v.view.ino())),
+        );
+        out
     }
 
     /// Whether tensor `index` of the backend's table has files.
@@ -325,6 +355,14 @@ impl Namespace {
 }
 
 impl TensorFs {
+    /// The JSON file of `hf/` behind an inode.
+    pub(super) fn hf_file(&self, ino: u64) -> Option<&hf::HfFile> {
+        if !hf::is_hf_ino(ino) {
+            return None;
+        }
+        self.ns.hf.as_ref().ok()?.file(ino)
+    }
+
     /// The tensor file or offered model view behind an inode.
     pub(super) fn node(&self, ino: u64) -> Option<Node<'_>> {
         if let Some(v) = self.ns.views.iter().find(|v| v.view.ino() == ino) {
@@ -379,6 +417,18 @@ impl TensorFs {
                 nlink: 2,
                 ..live
             }),
+            HF_DIR_INO if self.ns.hf.is_ok() => Ok(Attr {
+                kind: Kind::Dir,
+                perm: 0o555,
+                nlink: 2,
+                mtime: self.ns.views_mtime,
+                ..base
+            }),
+            _ if let Some(f) = self.hf_file(ino) => Ok(Attr {
+                size: f.bytes.len() as u64,
+                mtime: self.ns.views_mtime,
+                ..base
+            }),
             _ if self.job_of(ino).is_some() => Ok(live),
             _ => match self.node(ino).ok_or(libc::ENOENT)? {
                 Node::Tensor { f, fmt } => {
@@ -403,6 +453,15 @@ impl TensorFs {
         if parent == JOBS_DIR_INO && self.ns.jobs {
             let id: u64 = name.parse().map_err(|_| libc::ENOENT)?;
             return self.getattr(JOB_INO_BASE.checked_add(id).ok_or(libc::ENOENT)?);
+        }
+        if parent == HF_DIR_INO && self.ns.hf.is_ok() {
+            let &(_, ino) = self
+                .ns
+                .hf_entries()
+                .iter()
+                .find(|(n, _)| *n == name)
+                .ok_or(libc::ENOENT)?;
+            return self.getattr(ino);
         }
         if parent != ROOT_INO {
             return Err(libc::ENOENT);
@@ -455,6 +514,22 @@ impl TensorFs {
             }
             return Ok(());
         }
+        if ino == HF_DIR_INO && self.ns.hf.is_ok() {
+            // Positions: 0 ".", 1 "..", 2 + k for entry k.
+            if offset == 0 && add(1, HF_DIR_INO, Kind::Dir, ".") {
+                return Ok(());
+            }
+            if offset <= 1 && add(2, ROOT_INO, Kind::Dir, "..") {
+                return Ok(());
+            }
+            for (k, (name, ino)) in self.ns.hf_entries().into_iter().enumerate() {
+                let pos = k as u64 + 2;
+                if pos >= offset && add(pos + 1, ino, Kind::File, name) {
+                    return Ok(());
+                }
+            }
+            return Ok(());
+        }
         if ino != ROOT_INO {
             return Err(if self.getattr(ino).is_ok() {
                 libc::ENOTDIR
@@ -478,7 +553,7 @@ impl TensorFs {
         let first = self.ns.first_tensor_slot();
         while pos < first {
             let (name, ino) = self.ns.fixed[(pos - 2) as usize];
-            let kind = if ino == JOBS_DIR_INO {
+            let kind = if ino == JOBS_DIR_INO || ino == HF_DIR_INO {
                 Kind::Dir
             } else {
                 Kind::File
@@ -528,7 +603,8 @@ impl TensorFs {
             blocks: served.div_ceil(4096),
             files: 3
                 + (self.shared.files.len() * self.ns.formats.len()) as u64
-                + self.ns.offered_views().count() as u64,
+                + self.ns.offered_views().count() as u64
+                + self.ns.hf.as_ref().map_or(0, |d| 1 + d.files.len() as u64),
             bsize: 4096,
             namelen: 255,
         }

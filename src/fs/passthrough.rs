@@ -435,10 +435,14 @@ impl TensorFs {
                             at += n as u64;
                         }
                         Piece::Tensor { seg, range } => {
-                            // Whole segments, so element-aligned.
-                            let f = l.segments()[seg].file;
-                            tensor(&mut plan, at, f, range.start / bpe, range.end.div_ceil(bpe));
-                            at += range.end - range.start;
+                            // Whole segments, so element-aligned; a segment
+                            // with permuted rows is decoded row by row.
+                            let s = &l.segments()[seg];
+                            for r in s.source_ranges(range, bpe) {
+                                let n = r.end - r.start;
+                                tensor(&mut plan, at, s.file, r.start / bpe, r.end.div_ceil(bpe));
+                                at += n;
+                            }
                         }
                     }
                 }

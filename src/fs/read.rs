@@ -268,6 +268,7 @@ impl TensorFs {
             start: 0,
             len,
             file: f,
+            rows: None,
         }];
         self.after_read(fh, offset, end, &whole, fmt);
         Ok(data)
@@ -285,42 +286,50 @@ impl TensorFs {
             return Ok(ReadData::Owned(Vec::new()));
         }
         let end = l.size().min(offset.saturating_add(u64::from(size)));
-        let pieces = l.pieces(offset, end);
-        // Inside one tensor: the tensor files' path (their small-read rule,
-        // zero-copy from a chunk for f32).
-        let inside = match pieces.as_slice() {
-            [Piece::Tensor { seg, range }] => Some((l.segments()[*seg].file, range.clone())),
+        let bpe = l.fmt().bytes();
+        // Tensor pieces as byte ranges of tensor files: a segment whose rows
+        // are permuted (hf/'s Q and K) gives one range per row it touches.
+        let mut parts = Vec::new();
+        for p in l.pieces(offset, end) {
+            match p {
+                Piece::Header(r) => parts.push(Part::Header(r)),
+                Piece::Zeros(n) => parts.push(Part::Zeros(n)),
+                Piece::Tensor { seg, range } => {
+                    let s = &l.segments()[seg];
+                    parts.extend(
+                        s.source_ranges(range, bpe)
+                            .into_iter()
+                            .map(|r| Part::Tensor(s.file, r)),
+                    );
+                }
+            }
+        }
+        // Inside one tensor range: the tensor files' path (their small-read
+        // rule, zero-copy from a chunk for f32).
+        let inside = match parts.as_slice() {
+            [Part::Tensor(f, r)] => Some((*f, r.clone())),
             _ => None,
         };
         let small = inside
             .as_ref()
             .is_some_and(|(f, r)| self.small_read(*f, l.fmt(), fh, offset, r.start, r.end));
-        let tensor_ranges = pieces.iter().filter_map(|p| match p {
-            Piece::Tensor { seg, range } if !small => {
-                Some((l.segments()[*seg].file, range.start, range.end))
-            }
+        let tensor_ranges = parts.iter().filter_map(|p| match p {
+            Part::Tensor(f, r) if !small => Some((*f, r.start, r.end)),
             _ => None,
         });
         // As early as it can be (see `read_tensor`).
-        let read = self
-            .shared
-            .begin_read(order, l.fmt().bytes(), tensor_ranges);
+        let read = self.shared.begin_read(order, bpe, tensor_ranges);
         let data = match inside {
             Some((f, r)) => self.tensor_range(&read, f, l.fmt(), r.start, r.end, small)?,
             None => {
                 let mut out = Vec::with_capacity((end - offset) as usize);
-                for p in pieces {
+                for p in parts {
                     match p {
-                        Piece::Header(r) => out.extend_from_slice(&l.header()[r]),
-                        Piece::Zeros(n) => out.resize(out.len() + n, 0),
-                        Piece::Tensor { seg, range } => self.append_tensor(
-                            &read,
-                            l.segments()[seg].file,
-                            l.fmt(),
-                            range.start,
-                            range.end,
-                            &mut out,
-                        )?,
+                        Part::Header(r) => out.extend_from_slice(&l.header()[r]),
+                        Part::Zeros(n) => out.resize(out.len() + n, 0),
+                        Part::Tensor(f, r) => {
+                            self.append_tensor(&read, f, l.fmt(), r.start, r.end, &mut out)?
+                        }
                     }
                 }
                 ReadData::Owned(out)
@@ -479,6 +488,15 @@ impl TensorFs {
     }
 }
 
+/// Where the bytes of part of a view read come from: [`Piece`] with
+/// tensor pieces resolved to byte ranges of tensor files.
+enum Part {
+    Header(std::ops::Range<usize>),
+    Zeros(usize),
+    /// Bytes `range` (in the view's format) of tensor file `file`.
+    Tensor(usize, std::ops::Range<u64>),
+}
+
 /// The (tensor file, chunk) holding byte `pos` of a file whose tensor bytes
 /// are `segments` (elements of `bpe` bytes), if `pos` is a tensor byte.
 fn chunk_holding(
@@ -488,7 +506,12 @@ fn chunk_holding(
     chunk_elems: impl Fn(usize) -> u64,
 ) -> Option<(usize, u64)> {
     let s = segments.get(segments.partition_point(|s| s.start.saturating_add(s.len) <= pos))?;
-    (pos >= s.start).then(|| (s.file, (pos - s.start) / bpe / chunk_elems(s.file).max(1)))
+    (pos >= s.start).then(|| {
+        (
+            s.file,
+            s.src_elem((pos - s.start) / bpe) / chunk_elems(s.file).max(1),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -506,11 +529,13 @@ mod tests {
                 start: 100,
                 len: 32,
                 file: 3,
+                rows: None,
             },
             Segment {
                 start: 140,
                 len: 16,
                 file: 5,
+                rows: None,
             },
         ];
         let ce = |f| if f == 3 { 2 } else { 4 };

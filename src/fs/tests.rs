@@ -144,7 +144,42 @@ fn view_inodes_names_and_sizes() {
         assert_eq!((a.size, a.nlink), (f32a.size / 2, 2));
     }
     let n = list(&fs, ROOT_INO, 7).unwrap().len();
-    assert_eq!(n, 2 + 2 + 4 + 21 * 2 * 3);
+    // . .. index.json ctl, 4 views, hf/, 2 names x 3 formats per tensor.
+    assert_eq!(n, 2 + 2 + 4 + 1 + 21 * 2 * 3);
+    // hf/: its block of inodes at 2^47.
+    let hf = fs.lookup(ROOT_INO, "hf").unwrap();
+    assert_eq!((hf.ino, hf.kind), (super::hf::HF_DIR_INO, Kind::Dir));
+    for (name, ino) in [
+        ("config.json", 1),
+        ("generation_config.json", 2),
+        ("model.safetensors", 5),
+        ("model.f16.safetensors", 6),
+        ("model.bf16.safetensors", 7),
+    ] {
+        let a = fs.lookup(hf.ino, name).unwrap();
+        assert_eq!(a.ino, hf.ino + ino, "hf/{name}");
+    }
+    // The demo's vocabulary has no merges: no tokenizer files.
+    assert_eq!(fs.lookup(hf.ino, "tokenizer.json"), Err(libc::ENOENT));
+    let hf_names: Vec<String> = list(&fs, hf.ino, 3)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.2)
+        .collect();
+    assert_eq!(
+        hf_names,
+        [
+            ".",
+            "..",
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "model.f16.safetensors",
+            "model.bf16.safetensors"
+        ]
+    );
+    assert_eq!(fs.lookup(ROOT_INO, "config.json"), Err(libc::ENOENT));
+    assert_eq!(open_ro(&fs, hf.ino).map(|_| ()), Err(libc::EISDIR));
     // Without --views f16/bf16 the half files and views do not exist,
     // and the f32 inodes are the same.
     let plain = demo_fs(FsConfig::default());
@@ -177,7 +212,8 @@ fn building_and_reading_view_headers_decodes_nothing() {
         prefetch_threads: 0,
         ..FsConfig::default()
     });
-    assert_eq!(fs.ns.views.len(), 4);
+    // The root's 4 and hf/'s 3.
+    assert_eq!(fs.ns.views.len(), 7);
     for v in &fs.ns.views {
         let l = v.layout.as_ref().unwrap();
         let ino = v.view.ino();
@@ -374,7 +410,9 @@ fn views_say_why_they_are_absent() {
     assert_eq!(v["views"]["metadata_from"], "fallback");
     assert_eq!(view(&v, "model.gguf")["available"], true);
     assert_eq!(v["views"]["tensor_formats"], json!(["f32"]));
-    assert!(v["views"]["files"].as_array().unwrap().len() == 2);
+    // model.safetensors, model.gguf, hf/model.safetensors.
+    assert!(v["views"]["files"].as_array().unwrap().len() == 3);
+    assert_eq!(v["views"]["hf"]["available"], true);
     let t0 = &v["tensors"][0]["files"];
     assert_eq!(
         *t0,
@@ -411,11 +449,14 @@ fn namespace_and_attributes() {
         .into_iter()
         .map(|e| e.2)
         .collect();
-    // . .. index.json ctl model.safetensors model.gguf, 2 names per tensor.
-    assert_eq!(names.len(), 2 + 2 + 2 + 21 * 2);
+    // . .. index.json ctl model.safetensors model.gguf hf, 2 names per
+    // tensor.
+    assert_eq!(names.len(), 2 + 2 + 2 + 1 + 21 * 2);
     assert!(names.contains(&"index.json".to_string()) && names.contains(&"ctl".to_string()));
     assert_eq!(list(&fs, a.ino, 100), Err(libc::ENOTDIR));
-    assert_eq!(fs.statfs().files, 3 + 21 + 2);
+    // hf/: the directory, config.json, generation_config.json and its
+    // model.safetensors.
+    assert_eq!(fs.statfs().files, 3 + 21 + 2 + 4);
 }
 
 #[test]

@@ -16,7 +16,8 @@
 //! `--views` says): 4 `model.safetensors`, 5 `model.gguf`,
 //! 6 `model.f16.safetensors`, 7 `model.bf16.safetensors`; the tensor file of
 //! the i-th served tensor in format k (0 f32, 1 f16, 2 bf16) is
-//! `16 + i + k * 2^32`, so `.f32` inodes keep their `16 + i`.
+//! `16 + i + k * 2^32`, so `.f32` inodes keep their `16 + i`;
+//! `hf/model.safetensors` in format k is `2^47 + 5 + k` ([`super::hf`]).
 
 use std::ops::Range;
 
@@ -170,24 +171,45 @@ impl ViewSet {
 pub enum ModelView {
     Safetensors(ElemFormat),
     Gguf,
+    /// `hf/model.safetensors` (and its F16/BF16 forms): Hugging Face names
+    /// and row order ([`super::hf`]).
+    Hf(ElemFormat),
 }
 
 impl ModelView {
     /// In listing order.
-    pub const ALL: [ModelView; 4] = [
+    pub const ALL: [ModelView; 7] = [
         ModelView::Safetensors(ElemFormat::F32),
         ModelView::Gguf,
         ModelView::Safetensors(ElemFormat::F16),
         ModelView::Safetensors(ElemFormat::Bf16),
+        ModelView::Hf(ElemFormat::F32),
+        ModelView::Hf(ElemFormat::F16),
+        ModelView::Hf(ElemFormat::Bf16),
     ];
 
+    /// Path in the mount.
     pub fn name(self) -> &'static str {
         match self {
             ModelView::Safetensors(ElemFormat::F32) => "model.safetensors",
             ModelView::Safetensors(ElemFormat::F16) => "model.f16.safetensors",
             ModelView::Safetensors(ElemFormat::Bf16) => "model.bf16.safetensors",
             ModelView::Gguf => "model.gguf",
+            ModelView::Hf(ElemFormat::F32) => "hf/model.safetensors",
+            ModelView::Hf(ElemFormat::F16) => "hf/model.f16.safetensors",
+            ModelView::Hf(ElemFormat::Bf16) => "hf/model.bf16.safetensors",
         }
+    }
+
+    /// Name in its directory.
+    pub fn file_name(self) -> &'static str {
+        let n = self.name();
+        n.rsplit_once('/').map_or(n, |(_, f)| f)
+    }
+
+    /// Whether it lives in `hf/` (else in the root).
+    pub fn in_hf_dir(self) -> bool {
+        matches!(self, ModelView::Hf(_))
     }
 
     pub fn ino(self) -> u64 {
@@ -196,12 +218,13 @@ impl ModelView {
             ModelView::Safetensors(ElemFormat::F16) => F16_SAFETENSORS_INO,
             ModelView::Safetensors(ElemFormat::Bf16) => BF16_SAFETENSORS_INO,
             ModelView::Gguf => GGUF_INO,
+            ModelView::Hf(f) => super::hf::safetensors_ino(f),
         }
     }
 
     pub fn format(self) -> ElemFormat {
         match self {
-            ModelView::Safetensors(f) => f,
+            ModelView::Safetensors(f) | ModelView::Hf(f) => f,
             ModelView::Gguf => ElemFormat::F32,
         }
     }
@@ -221,6 +244,39 @@ pub struct Segment {
     pub len: u64,
     /// Index of the tensor file (the filesystem's table, not the backend's).
     pub file: usize,
+    /// The segment's rows in another order than the tensor file's (the
+    /// `hf/` view's Q/K projections); `None`: the file's bytes as they are.
+    pub rows: Option<RowPerm>,
+}
+
+/// A row order within groups of rows: row `r` of the segment is row
+/// `src_row(r)` of the tensor file. Rows come in `groups` groups of
+/// `group_rows` (even) rows of `row_elems` elements; within a group, the
+/// segment's row `j * group_rows / 2 + i` is the file's row `2 * i + j`
+/// (j in 0..2). That is the inverse of the permutation llama.cpp's
+/// converter applies to llama's Q and K projections (a group is a head:
+/// llama.cpp interleaves the two rotary halves of each head, Hugging Face
+/// keeps them apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowPerm {
+    pub groups: u64,
+    pub group_rows: u64,
+    pub row_elems: u64,
+}
+
+impl RowPerm {
+    /// The tensor file's row behind row `r` of the segment.
+    pub fn src_row(&self, r: u64) -> u64 {
+        let g = self.group_rows.max(2);
+        let half = g / 2;
+        let (head, rem) = (r / g, r % g);
+        head * g + 2 * (rem % half) + rem / half
+    }
+
+    /// Rows of the tensor.
+    pub fn rows(&self) -> u64 {
+        self.groups.saturating_mul(self.group_rows)
+    }
 }
 
 impl Segment {
@@ -228,6 +284,37 @@ impl Segment {
     /// segments built elsewhere (`chunks_after` takes any slice).
     fn end(&self) -> u64 {
         self.start.saturating_add(self.len)
+    }
+
+    /// The byte ranges of the tensor file (in a format of `bpe` bytes per
+    /// element) that make up bytes `range` of the segment, in order: the
+    /// range itself, or one range per row the range touches when the rows
+    /// are permuted.
+    pub fn source_ranges(&self, range: Range<u64>, bpe: u64) -> Vec<Range<u64>> {
+        let Some(p) = self.rows else {
+            return vec![range];
+        };
+        let row_bytes = p.row_elems.saturating_mul(bpe).max(1);
+        let mut out = Vec::new();
+        let mut pos = range.start;
+        while pos < range.end {
+            let row = pos / row_bytes;
+            let row_end = ((row + 1) * row_bytes).min(range.end);
+            let src = p.src_row(row) * row_bytes + (pos - row * row_bytes);
+            out.push(src..src + (row_end - pos));
+            pos = row_end;
+        }
+        out
+    }
+
+    /// The tensor file's element behind element `e` of the segment.
+    pub fn src_elem(&self, e: u64) -> u64 {
+        match self.rows {
+            Some(p) if p.row_elems > 0 => {
+                p.src_row(e / p.row_elems) * p.row_elems + e % p.row_elems
+            }
+            _ => e,
+        }
     }
 }
 
@@ -265,12 +352,20 @@ impl Layout {
         let mut pos = header.len() as u64;
         for s in &segments {
             let end = add(s.start, s.len, "view segment end")?;
-            if s.start < pos || !s.len.is_multiple_of(fmt.bytes()) {
+            let rows_fit = s.rows.is_none_or(|p| {
+                p.group_rows >= 2
+                    && p.group_rows.is_multiple_of(2)
+                    && p.rows()
+                        .checked_mul(p.row_elems)
+                        .and_then(|n| n.checked_mul(fmt.bytes()))
+                        == Some(s.len)
+            });
+            if s.start < pos || !s.len.is_multiple_of(fmt.bytes()) || !rows_fit {
                 return Err(err(
                     ErrorKind::BadValue,
                     format!(
-                        "internal error: view segment [{}, {end}) overlaps byte {pos} or holds \
-                         a partial element",
+                        "internal error: view segment [{}, {end}) overlaps byte {pos}, holds \
+                         a partial element or permutes rows it does not have",
                         s.start
                     ),
                 ));
@@ -376,7 +471,7 @@ pub fn chunks_after(
     let mut first = match segments.get(i) {
         Some(s) if end > s.start => {
             let ce = chunk_elems(s.file).max(1);
-            ((end - s.start - 1) / bpe) / ce + 1
+            s.src_elem((end - s.start - 1) / bpe) / ce + 1
         }
         _ => 0,
     };
@@ -447,6 +542,8 @@ pub struct ViewTensor<'a> {
     /// Served shape, outer-first.
     pub shape: &'a [u64],
     pub n_elements: u64,
+    /// Rows served in another order (the `hf/` view).
+    pub rows: Option<RowPerm>,
 }
 
 /// Bytes of `t` in `fmt`, after checking that its shape holds its elements.
@@ -612,7 +709,11 @@ fn metadata_json(md: &Metadata, summarize: bool) -> String {
     out
 }
 
-fn safetensors_with(tensors: &[ViewTensor], meta_json: &str, fmt: ElemFormat) -> Result<Layout> {
+pub(super) fn safetensors_with(
+    tensors: &[ViewTensor],
+    meta_json: &str,
+    fmt: ElemFormat,
+) -> Result<Layout> {
     use std::fmt::Write as _;
     let mut json = String::with_capacity(meta_json.len() + 128 * tensors.len() + 32);
     json.push_str("{\"__metadata__\":");
@@ -672,6 +773,7 @@ fn safetensors_with(tensors: &[ViewTensor], meta_json: &str, fmt: ElemFormat) ->
             start: base + o,
             len,
             file: t.file,
+            rows: t.rows,
         })
         .collect();
     Layout::new(header, fmt, segments, size)
@@ -796,6 +898,7 @@ pub fn gguf(tensors: &[ViewTensor], md: &Metadata) -> Result<Built> {
             start: add(base, off, "gguf tensor offset")?,
             len,
             file: t.file,
+            rows: None,
         });
         data_end = add(off, len, "gguf data size")?;
     }
@@ -825,16 +928,19 @@ mod tests {
                     start: 16,
                     len: 8,
                     file: 0,
+                    rows: None,
                 },
                 Segment {
                     start: 24,
                     len: 12,
                     file: 1,
+                    rows: None,
                 },
                 Segment {
                     start: 40,
                     len: 4,
                     file: 2,
+                    rows: None,
                 },
             ],
             48,
@@ -901,6 +1007,7 @@ mod tests {
             start,
             len,
             file: 0,
+            rows: None,
         };
         assert!(Layout::new(vec![0; 8], ElemFormat::F32, vec![seg(4, 4)], 16).is_err());
         assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(0, 8), seg(4, 8)], 16).is_err());
@@ -918,6 +1025,7 @@ mod tests {
                 start: 8,
                 len,
                 file: 0,
+                rows: None,
             }]
         };
         let e = Layout::new(vec![0; 8], ElemFormat::F32, segs(8), max + 1).unwrap_err();
@@ -933,17 +1041,56 @@ mod tests {
     }
 
     #[test]
+    fn permuted_segments_map_rows_to_their_source() {
+        // 2 groups of 4 rows of 3 elements, f32: rows 0..8 of the segment
+        // come from file rows 0 2 1 3 | 4 6 5 7.
+        let p = RowPerm {
+            groups: 2,
+            group_rows: 4,
+            row_elems: 3,
+        };
+        let s = Segment {
+            start: 100,
+            len: 8 * 3 * 4,
+            file: 0,
+            rows: Some(p),
+        };
+        let rows: Vec<u64> = (0..8).map(|r| p.src_row(r)).collect();
+        assert_eq!(rows, [0, 2, 1, 3, 4, 6, 5, 7]);
+        // Bytes 10..30: the end of row 0, all of row 1, the start of row 2.
+        assert_eq!(s.source_ranges(10..30, 4), vec![10..12, 24..36, 12..18]);
+        // Every byte once, in order, for every range.
+        for a in 0..96u64 {
+            for b in a..=96 {
+                let got: Vec<u64> = s.source_ranges(a..b, 4).into_iter().flatten().collect();
+                let want: Vec<u64> = (a..b).map(|x| p.src_row(x / 12) * 12 + x % 12).collect();
+                assert_eq!(got, want, "{a}..{b}");
+            }
+        }
+        assert_eq!(s.src_elem(4), 2 * 3 + 1);
+        // The layout refuses a permutation that does not cover the segment.
+        let bad = Segment {
+            len: 7 * 3 * 4,
+            ..s.clone()
+        };
+        assert!(Layout::new(vec![0; 100], ElemFormat::F32, vec![bad], 400).is_err());
+        assert!(Layout::new(vec![0; 100], ElemFormat::F32, vec![s], 400).is_ok());
+    }
+
+    #[test]
     fn read_ahead_follows_segments() {
         let segs = vec![
             Segment {
                 start: 100,
                 len: 40, // 10 elements: chunks of 4 -> 3 chunks
                 file: 7,
+                rows: None,
             },
             Segment {
                 start: 140,
                 len: 16, // 4 elements -> 1 chunk
                 file: 3,
+                rows: None,
             },
         ];
         let ce = |_| 4;
@@ -1032,6 +1179,7 @@ mod tests {
                 name: n,
                 shape: s,
                 n_elements: s.iter().product(),
+                rows: None,
             })
             .collect()
     }
