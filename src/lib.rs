@@ -21,6 +21,7 @@ pub mod logging;
 pub mod mount;
 pub mod names;
 pub mod probe;
+pub mod progress;
 pub mod quant;
 pub mod report;
 pub mod source;

@@ -40,6 +40,7 @@ use crate::format::rknot::{RknotFile, check_block};
 use crate::format::sk32::{Sk32File, SketchInfo, dequant_sigma, dequant_uv};
 use crate::integrity::checksums;
 use crate::names;
+use crate::progress::{Meter, Mode, Unit};
 use crate::source::SourceFile;
 use crate::text::escape;
 
@@ -244,7 +245,7 @@ impl Report {
 /// .knot, a self-contained .rknot's uncompressed ones); record non-finite
 /// values and read errors. Such tensors store every value: the work is
 /// bounded by the file's size.
-fn check_tensors(b: &dyn Backend, faults: &mut Vec<Fault>) {
+fn check_tensors(b: &dyn Backend, faults: &mut Vec<Fault>, meter: &Meter) {
     let mut buf = vec![0f32; STEP as usize];
     for (i, t) in b.tensors().entries().iter().enumerate() {
         if !t.is_available() || !matches!(t.stored, StoredType::Ggml(_)) {
@@ -263,6 +264,7 @@ fn check_tensors(b: &dyn Backend, faults: &mut Vec<Fault>) {
             }
             bad += buf[..n].iter().filter(|v| !v.is_finite()).count() as u64;
             at += n as u64;
+            meter.inc(n as u64 * CHECK_WEIGHT);
         }
         if bad > 0 {
             faults.push(Fault {
@@ -273,12 +275,37 @@ fn check_tensors(b: &dyn Backend, faults: &mut Vec<Fault>) {
     }
 }
 
+/// Progress weights of `verify`'s phases, per byte read or element
+/// decoded (rough relative costs measured on SmolLM2: a checksummed byte
+/// read costs about an eighth of an element decoded from both files and
+/// compared).
+const SCAN_WEIGHT: u64 = 1;
+const CHECK_WEIGHT: u64 = 4;
+const COMPARE_WEIGHT: u64 = 8;
+
+/// The tensors `compare` decodes.
+fn compared(t: &backend::TensorInfo, only_lossy: bool) -> bool {
+    t.is_available() && !(only_lossy && matches!(t.stored, StoredType::Ggml(_)))
+}
+
+/// Progress weight of `compare` over `enc`.
+fn compare_weight(enc: &dyn Backend, only_lossy: bool) -> u64 {
+    enc.tensors()
+        .entries()
+        .iter()
+        .filter(|t| compared(t, only_lossy))
+        .fold(0u64, |a, t| {
+            a.saturating_add(t.n_elements.saturating_mul(COMPARE_WEIGHT))
+        })
+}
+
 /// Compare every tensor `enc` carries with `dense`'s.
 fn compare(
     enc: &dyn Backend,
     dense: &dyn Backend,
     only_lossy: bool,
     faults: &mut Vec<Fault>,
+    meter: &Meter,
 ) -> Vec<(String, Sums)> {
     // Tensors in parallel, each summed in order as before: the figures do
     // not depend on the thread count, and results keep the file's order.
@@ -288,7 +315,7 @@ fn compare(
         .par_iter()
         .enumerate()
         .map(|(i, t)| {
-            if !t.is_available() || (only_lossy && matches!(t.stored, StoredType::Ggml(_))) {
+            if !compared(t, only_lossy) {
                 return None;
             }
             let fault = |message: String| Fault {
@@ -328,6 +355,7 @@ fn compare(
                     s.dot += x * y;
                 }
                 at += n as u64;
+                meter.inc(n as u64 * COMPARE_WEIGHT);
             }
             Some(Ok(s))
         })
@@ -494,8 +522,10 @@ fn check_sketch(src: &SourceFile, s: &SketchInfo) -> std::result::Result<(), Str
     }
 }
 
-/// Verify `encoded` (structure), and against `dense` when given.
-pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
+/// Verify `encoded` (structure), and against `dense` when given; progress
+/// is shown as `mode` says (one meter over every phase, weighted by bytes
+/// read and elements decoded).
+pub fn verify(encoded: &Path, dense: Option<&Path>, mode: Mode) -> Result<Report> {
     let header_fault = |e: Error| Report {
         path: encoded.display().to_string(),
         format: "?".into(),
@@ -514,25 +544,68 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
         Ok(p) => p,
         Err(e) => return Ok(header_fault(e)),
     };
+    let meter = Meter::new("verify", Unit::Work, mode);
+    let (file_len, structured) = match &parsed {
+        ParsedFile::Rknot(src, _) | ParsedFile::Sk32(src, _) => (src.len(), true),
+        ParsedFile::DenseKnot(src, _) => (src.len(), false),
+        // No checksums, nothing stored but ggml blocks.
+        ParsedFile::Gguf(..) => (0, false),
+    };
+    let scan_weight = file_len.saturating_mul(SCAN_WEIGHT);
+    let struct_weight = if structured { scan_weight } else { 0 };
+    if meter.is_shown() {
+        // Every total up front, so the percentage and ETA hold from the
+        // start: the tensor table comes from a second read of the header
+        // (milliseconds; only when progress is shown).
+        let later = backend::open_single(encoded, Role::Primary).map_or(0, |b| {
+            let check = b
+                .tensors()
+                .entries()
+                .iter()
+                .filter(|t| t.is_available() && matches!(t.stored, StoredType::Ggml(_)))
+                .fold(0u64, |a, t| {
+                    a.saturating_add(t.n_elements.saturating_mul(CHECK_WEIGHT))
+                });
+            let cmp = if dense.is_some() {
+                compare_weight(b.as_ref(), false)
+            } else {
+                0
+            };
+            check.saturating_add(cmp)
+        });
+        meter.set_total(
+            scan_weight
+                .saturating_add(struct_weight)
+                .saturating_add(later),
+        );
+    }
     let mut faults = Vec::new();
     // Stored bytes against their checksums first: a damaged block would
     // otherwise show as whatever it decodes to.
-    let scan = checksums::scan(&parsed, &mut |_, _| {});
+    meter.set_message("checksums");
+    let scan = checksums::scan(&parsed, &mut |done, total| {
+        let at = u128::from(done) * u128::from(scan_weight) / u128::from(total.max(1));
+        meter.set_position(at.min(u128::from(scan_weight)) as u64);
+    });
+    meter.set_position(scan_weight);
     let checksum_units = scan.checked.then_some(scan.units);
     faults.extend(scan.mismatches.into_iter().map(|e| Fault {
         tensor: e.tensor_name().map(names::canonical),
         message: e.to_string(),
     }));
+    meter.set_message("blocks");
     match &parsed {
         ParsedFile::Rknot(src, f) => check_rknot(src, f, &mut faults),
         ParsedFile::Sk32(src, f) => check_sketches(src, f, &mut faults),
         ParsedFile::DenseKnot(..) | ParsedFile::Gguf(..) => {}
     }
+    meter.set_position(scan_weight.saturating_add(struct_weight));
     let enc = match parsed.into_backend(Role::Primary) {
         Ok(b) => b,
         Err(e) => return Ok(header_fault(e)),
     };
-    check_tensors(enc.as_ref(), &mut faults);
+    meter.set_message("decoding");
+    check_tensors(enc.as_ref(), &mut faults, &meter);
     let file_bytes = enc.source_files().iter().map(|f| f.len()).sum();
     // What a mount of the file alone serves: the layering rule the raw
     // backend does not apply leaves out a lossy-encoded vocabulary table.
@@ -554,10 +627,12 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
                 )
                 .path(d));
             }
-            compare(enc.as_ref(), db.as_ref(), false, &mut faults)
+            meter.set_message("comparing");
+            compare(enc.as_ref(), db.as_ref(), false, &mut faults, &meter)
         }
         None => Vec::new(),
     };
+    meter.finish();
     Ok(Report {
         path: encoded.display().to_string(),
         format: format!("{} v{}", enc.summary().format, enc.summary().version),
@@ -573,7 +648,7 @@ pub fn verify(encoded: &Path, dense: Option<&Path>) -> Result<Report> {
 /// `rknot verify --integrity`: the stored bytes against the checksums the
 /// file carries, nothing decoded. Damage to the metadata fails the open
 /// (its KSUM record) and is reported as the one mismatch.
-pub fn verify_integrity(path: &Path, progress: bool) -> IntegrityReport {
+pub fn verify_integrity(path: &Path, mode: Mode) -> IntegrityReport {
     let mut r = IntegrityReport {
         path: path.display().to_string(),
         ..IntegrityReport::default()
@@ -585,15 +660,20 @@ pub fn verify_integrity(path: &Path, progress: bool) -> IntegrityReport {
             return r;
         }
     };
-    let mut bar = progress.then(|| checksums::ByteProgress::new("verify --integrity"));
+    let name = path
+        .file_name()
+        .unwrap_or(path.as_os_str())
+        .to_string_lossy();
+    let meter = Meter::new(
+        &format!("verify --integrity {}", escape(&name)),
+        Unit::Bytes,
+        mode,
+    );
     r.scan = checksums::scan(&parsed, &mut |done, total| {
-        if let Some(b) = bar.as_mut() {
-            b.update(done, total);
-        }
+        meter.set_total(total);
+        meter.set_position(done);
     });
-    if let Some(b) = bar {
-        b.finish();
-    }
+    meter.finish();
     r
 }
 
@@ -666,9 +746,11 @@ impl IntegrityReport {
 /// `dense` (tensors it stores as ggml blocks are exact copies and would
 /// only dilute the figure the verdict's thresholds were measured on);
 /// None when there are none.
-pub fn overall_error(enc: &dyn Backend, dense: &dyn Backend) -> Option<f64> {
+pub fn overall_error(enc: &dyn Backend, dense: &dyn Backend, meter: &Meter) -> Option<f64> {
     let mut faults = Vec::new();
-    let tensors = compare(enc, dense, true, &mut faults);
+    meter.set_total(compare_weight(enc, true));
+    let tensors = compare(enc, dense, true, &mut faults, meter);
+    meter.finish();
     if !faults.is_empty() {
         // A figure over part of the model would mislead.
         return None;
@@ -789,7 +871,7 @@ mod tests {
 
     /// The one fault of `path`'s report: its tensor and message.
     fn one_fault(path: &Path) -> (Option<String>, String) {
-        let r = verify(path, None).unwrap();
+        let r = verify(path, None, Mode::Hidden).unwrap();
         assert_eq!(r.faults.len(), 1, "{}", r.to_text());
         assert!(r.to_text().contains("structure: 1 FAULT(S)"));
         let f = &r.faults[0];
@@ -800,7 +882,7 @@ mod tests {
     fn sound_files_have_no_faults() {
         let dir = tempfile::tempdir().unwrap();
         for path in [rknot_file(dir.path(), 0.01), sk32_file(dir.path(), 2.0)] {
-            let r = verify(&path, None).unwrap();
+            let r = verify(&path, None, Mode::Hidden).unwrap();
             assert!(r.faults.is_empty(), "{}", r.to_text());
             assert!(r.to_text().contains("structure: OK"));
         }

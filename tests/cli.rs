@@ -345,3 +345,94 @@ fn manpages_for_commands_subcommands_and_the_mount() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/man1/rknot.1"));
 }
+
+/// The progress lines of `stderr` (`rknot: LABEL: N%...`), parsed: label,
+/// percentage, elapsed seconds, final.
+fn progress_lines(stderr: &str) -> Vec<(String, u64, f64, bool)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("rknot: ")?;
+            // The label ends at the ": N%" that starts the figures.
+            let at = rest.find('%')?;
+            let colon = rest[..at].rfind(": ")?;
+            let (label, figures) = (&rest[..colon], &rest[colon + 2..]);
+            let pct: u64 = figures[..at - colon - 2].parse().ok()?;
+            let (_, after) = figures.split_once(", ")?;
+            let (secs, end) = after.split_once(" s elapsed")?;
+            let secs: f64 = secs.parse().ok()?;
+            let last = end.rsplit(", ").next()?;
+            let finished = last == "done";
+            assert!(
+                finished || last.starts_with("ETA "),
+                "a progress line ends with ETA or done: {l}"
+            );
+            Some((label.to_string(), pct, secs, finished))
+        })
+        .collect()
+}
+
+/// Long work with stderr not a terminal: a bounded number of plain progress
+/// lines per meter (at most one per 10% and one per 10 s), one final line
+/// each, nothing on stdout but the report (valid JSON with `--json`); none
+/// with `--no-progress`.
+#[test]
+fn progress_is_bounded_plain_lines_on_stderr_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rknot, gguf) = (demo("tiny-llama.rknot"), demo("tiny-llama.gguf"));
+    let out = dir.path().join("m.rknot");
+    let check = |args: &[&str], labels: &[&str]| -> std::process::Output {
+        let o = run_rknot(args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(o.status.success(), "{args:?}: {err}");
+        let lines = progress_lines(&err);
+        for label in labels {
+            let mine: Vec<_> = lines.iter().filter(|l| l.0 == *label).collect();
+            let finals = mine.iter().filter(|l| l.3).count();
+            assert_eq!(finals, 1, "{args:?}: one final line for {label}: {err}");
+            let last = mine.last().unwrap();
+            assert!(
+                last.3 && last.1 == 100,
+                "{args:?}: the final line is last: {err}"
+            );
+            let bound = 10 + (last.2 / 10.0).ceil() as usize + 1;
+            assert!(mine.len() <= bound, "{args:?}: {} lines: {err}", mine.len());
+        }
+        assert_eq!(
+            lines.len(),
+            lines
+                .iter()
+                .filter(|l| labels.contains(&l.0.as_str()))
+                .count(),
+            "{args:?}: only the expected meters: {err}"
+        );
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !stdout.contains("elapsed"),
+            "{args:?}: progress on stdout: {stdout}"
+        );
+        o
+    };
+    let o = check(&["verify", &rknot, "--dense", &gguf, "--json"], &["verify"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["tensors"].is_array(), "{v}");
+    let o = check(
+        &["verify", "--integrity", &rknot, "--json"],
+        &["verify --integrity tiny-llama.rknot"],
+    );
+    serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap();
+    check(
+        &["encode", "rknot", &gguf, "-o", out.to_str().unwrap()],
+        &["encode", "measure error"],
+    );
+    // --no-progress (global: before or after the subcommand): none.
+    for args in [
+        vec!["--no-progress", "verify", &rknot, "--dense", &gguf],
+        vec!["verify", &rknot, "--dense", &gguf, "--no-progress"],
+    ] {
+        let o = run_rknot(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(progress_lines(&err).is_empty(), "{args:?}: {err}");
+    }
+}

@@ -16,9 +16,7 @@ use common::mount::{MountGuard, Mounted, background_pid, fuse_available, is_moun
 use common::*;
 use rknot::ErrorKind;
 use rknot::backend::{Backend, Role, open_single};
-use rknot::integrity::manifest::{
-    self, HashProgress, Manifest, Subject, Unverified, open_verified,
-};
+use rknot::integrity::manifest::{self, Manifest, Subject, Unverified, open_verified};
 use sha2::{Digest as _, Sha256};
 
 const GGUF: &str = "tiny-llama.gguf";
@@ -254,7 +252,8 @@ fn manifest_escapes_odd_names_as_gnu_does() {
         let o = sha256sum_check(dir.path(), &["--strict", "m.sums"]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
-    let found = manifest::check_paths(&[model.as_path()], &m, &HashProgress::silent()).unwrap();
+    let found =
+        manifest::check_paths(&[model.as_path()], &m, &rknot::progress::Meter::hidden()).unwrap();
     assert!(found.is_empty(), "{found:?}");
 }
 
@@ -406,7 +405,7 @@ fn verify_names_the_flipped_tensor() {
     let found = manifest::check_paths(
         &[gguf.as_path()],
         &Manifest::read(&sums).unwrap(),
-        &HashProgress::silent(),
+        &rknot::progress::Meter::hidden(),
     )
     .unwrap();
     let subjects: Vec<&Subject> = found.iter().map(|x| &x.subject).collect();

@@ -21,7 +21,16 @@ type BResult<T> = std::result::Result<T, String>;
 const READ_ELEMS: usize = 1 << 20;
 
 /// Bench `file` for `rounds` rounds; the stripped copy goes in `scratch`.
-pub fn checksums_bench(file: &Path, scratch: &Path, rounds: usize) -> BResult<String> {
+pub fn checksums_bench(
+    file: &Path,
+    scratch: &Path,
+    rounds: usize,
+    progress: crate::progress::Mode,
+) -> BResult<String> {
+    use crate::progress::{Meter, Unit};
+    let meter = Meter::new("bench checksums", Unit::Items("rounds"), progress);
+    meter.set_total(rounds.max(1) as u64);
+    meter.set_message("writing the copy without checksums");
     let parsed = ParsedFile::open(file).map_err(|e| e.to_string())?;
     let plain = scratch.join("unchecked-copy");
     strip(file, &parsed, &plain)?;
@@ -43,7 +52,8 @@ pub fn checksums_bench(file: &Path, scratch: &Path, rounds: usize) -> BResult<St
         .sum();
     let (mut on, mut off) = (Vec::new(), Vec::new());
     let mut bytes = 0u64;
-    for _ in 0..rounds.max(1) {
+    for round in 0..rounds.max(1) {
+        meter.set_message(&format!("round {} of {}", round + 1, rounds.max(1)));
         // Both files were just read: the page cache holds them alike.
         let (t, b, hb) = read_all(unchecked.as_ref())?;
         off.push(t);
@@ -53,6 +63,7 @@ pub fn checksums_bench(file: &Path, scratch: &Path, rounds: usize) -> BResult<St
             return Err("the two copies served different values".into());
         }
         bytes = b;
+        meter.inc(1);
     }
     let _ = std::fs::remove_file(&plain);
     let (m_on, m_off) = (median(&mut on), median(&mut off));
@@ -67,6 +78,7 @@ pub fn checksums_bench(file: &Path, scratch: &Path, rounds: usize) -> BResult<St
     }
     let crc_secs = t0.elapsed().as_secs_f64();
     std::hint::black_box(x);
+    meter.finish();
     let mut o = String::new();
     let _ = writeln!(
         o,

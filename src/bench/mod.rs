@@ -35,6 +35,8 @@ use crate::quant::GgmlType;
 use crate::synth::{self, Rng};
 pub use checksums::{checksums_bench, strip_checksums};
 
+use crate::progress::{Meter, Unit};
+
 type BResult<T> = std::result::Result<T, String>;
 
 #[derive(Debug, Clone)]
@@ -51,6 +53,8 @@ pub struct MountBenchOpts {
     /// Where the decoded-cache section puts its store and its plain-file
     /// baseline (one filesystem for both); default `dir`/decoded.
     pub decoded_dir: Option<PathBuf>,
+    /// How progress is shown on stderr (one step per measurement round).
+    pub progress: crate::progress::Mode,
 }
 
 const COLS: u64 = 4096;
@@ -336,6 +340,11 @@ fn write_sources(dir: &Path, size_mb: u64) -> BResult<(PathBuf, PathBuf)> {
 
 /// Run the benchmark; returns the report.
 pub fn mount_bench(o: &MountBenchOpts) -> BResult<String> {
+    // Steps: sources, correctness and warm-up, a round of each tensor,
+    // mmap and memory, a round of the decoded-cache section, llama.cpp.
+    let meter = Meter::new("bench mount", Unit::Items("steps"), o.progress);
+    meter.set_total(2 + 3 * o.rounds as u64 + 1 + o.rounds as u64 + 1);
+    meter.set_message("writing the synthetic model");
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
     let (gguf, sk32) = write_sources(&o.dir, o.size_mb)?;
     let b: Arc<dyn Backend> =
@@ -376,6 +385,8 @@ pub fn mount_bench(o: &MountBenchOpts) -> BResult<String> {
         });
     }
     let size = cases[0].bytes.len() as u64;
+    meter.inc(1);
+    meter.set_message("correctness and warm-up");
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
 
     let pc = Daemon::start(&o.mount_bin, &sk32, &gguf, &o.dir.join("mnt-pc"), &[])?;
@@ -421,8 +432,10 @@ pub fn mount_bench(o: &MountBenchOpts) -> BResult<String> {
             dd_secs(&d.file(c.name))?;
         }
     }
-    for _round in 0..o.rounds {
+    meter.inc(1);
+    for round in 0..o.rounds {
         for (ci, c) in cases.iter().enumerate() {
+            meter.set_message(&format!("round {} of {}: {}", round + 1, o.rounds, c.label));
             let idx = b.find(c.name).map_err(|e| e.to_string())?;
             let sm = &mut s[ci];
             sm.dec1.push(decode_secs(&b, idx, 1)?);
@@ -444,8 +457,10 @@ pub fn mount_bench(o: &MountBenchOpts) -> BResult<String> {
             for (mi, (_, d)) in modes.iter().enumerate() {
                 sm.rand4k[mi].push(random_4k_secs(d, c.name, size, o.random_reads, &mut rng)?);
             }
+            meter.inc(1);
         }
     }
+    meter.set_message("mmap and daemon memory");
 
     let mut r = String::new();
     let _ = writeln!(
@@ -587,8 +602,10 @@ pub fn mount_bench(o: &MountBenchOpts) -> BResult<String> {
         format!("{} MiB", hwm >> 20),
     ));
     drop(small);
+    meter.inc(1);
 
-    passthrough::decoded_bench(o, &sk32, &gguf, &mut r, &mut verdicts)?;
+    passthrough::decoded_bench(o, &sk32, &gguf, &mut r, &mut verdicts, &meter)?;
+    meter.finish();
 
     let _ = writeln!(r, "\ntargets:");
     for (mode, what, ok, val) in verdicts {

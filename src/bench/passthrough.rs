@@ -365,6 +365,7 @@ pub(super) fn decoded_bench(
     gguf: &Path,
     r: &mut String,
     verdicts: &mut Verdicts,
+    meter: &crate::progress::Meter,
 ) -> BResult<()> {
     let ddir = o
         .decoded_dir
@@ -415,6 +416,11 @@ pub(super) fn decoded_bench(
     }
 
     for round in 0..o.rounds {
+        meter.set_message(&format!(
+            "decoded cache, round {} of {}",
+            round + 1,
+            o.rounds
+        ));
         let _ = std::fs::remove_dir_all(&cache);
         let d = start_dc("mnt-dc")?;
         for (fi, (name, _)) in FILES.iter().enumerate() {
@@ -526,6 +532,7 @@ pub(super) fn decoded_bench(
             }
             drop(d);
         }
+        meter.inc(1);
     }
     drop(plain);
 
@@ -752,6 +759,7 @@ pub(super) fn decoded_bench(
         format!("{max_reads} reads"),
     ));
 
+    meter.set_message("llama.cpp load");
     llama_section(o, &ddir, &mut cleanup, r)?;
     drop(cleanup);
     if made_ddir {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use rknot::backend::{self, Backend};
+use rknot::progress::{Meter, Mode, Unit};
 use rknot::report;
 use rknot::text::escape_json_text;
 
@@ -17,6 +18,11 @@ use rknot::text::escape_json_text;
     about = "Inspect and decode .rknot, SK32, dense .knot and GGUF model files"
 )]
 struct Cli {
+    /// Show no progress on stderr (by default long work shows a bar with
+    /// ETA on a terminal, otherwise a plain line at most every 10 s or 10%
+    /// of the work and a final line; stdout never carries progress).
+    #[arg(long, global = true)]
+    no_progress: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -374,6 +380,7 @@ fn check_encode_input(
 }
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let mode = Mode::cli(!cli.no_progress);
     match cli.cmd {
         Cmd::Inspect {
             file,
@@ -404,7 +411,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let b = backend::open(&file, dense.as_deref())?;
             cat(b.as_ref(), &tensor, offset, length)
         }
-        Cmd::Encode { what } => encode(what),
+        Cmd::Encode { what } => encode(what, mode),
         Cmd::Verify {
             encoded,
             dense,
@@ -412,12 +419,12 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             json,
             manifest,
         } => {
-            let r = rknot::verify::verify_integrity(&encoded, !json);
+            let r = rknot::verify::verify_integrity(&encoded, mode);
             let rd = dense
                 .as_deref()
-                .map(|d| rknot::verify::verify_integrity(d, !json));
+                .map(|d| rknot::verify::verify_integrity(d, mode));
             let checked = match &manifest {
-                Some(m) => Some(check_manifest(m, &encoded, dense.as_deref())?),
+                Some(m) => Some(check_manifest(m, &encoded, dense.as_deref(), mode)?),
                 None => None,
             };
             let text = if json {
@@ -466,9 +473,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             manifest,
             ..
         } => {
-            let r = rknot::verify::verify(&encoded, dense.as_deref())?;
+            let r = rknot::verify::verify(&encoded, dense.as_deref(), mode)?;
             let checked = match &manifest {
-                Some(m) => Some(check_manifest(m, &encoded, dense.as_deref())?),
+                Some(m) => Some(check_manifest(m, &encoded, dense.as_deref(), mode)?),
                 None => None,
             };
             let text = if json {
@@ -503,7 +510,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         } => {
             let mut files = vec![file.as_path()];
             files.extend(dense.as_deref());
-            let progress = rknot::integrity::manifest::HashProgress::for_cli();
+            let progress = Meter::new("manifest", Unit::Bytes, mode);
             let t0 = std::time::Instant::now();
             let w = rknot::integrity::manifest::write_manifest(&files, &out, force, &progress)?;
             eprintln!(
@@ -558,6 +565,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 random_reads,
                 mount_bin,
                 decoded_dir,
+                progress: mode,
             };
             let report = rknot::bench::mount_bench(&opts)?;
             write_stdout(report.as_bytes())
@@ -565,16 +573,16 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Cmd::Bench {
             what: BenchCmd::Checksums { file, dir, rounds },
         } => {
-            let report = rknot::bench::checksums_bench(&file, &dir, rounds)?;
+            let report = rknot::bench::checksums_bench(&file, &dir, rounds, mode)?;
             write_stdout(report.as_bytes())
         }
     }
 }
 
-fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
+fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>> {
     use rknot::encode::output::OutputTarget;
     use rknot::encode::{self, Progress};
-    let progress = Progress::for_cli();
+    let progress = Progress::for_cli(mode);
     let t0 = std::time::Instant::now();
     let (out, input, source, summary) = match what {
         EncodeCmd::Sk32 {
@@ -692,9 +700,10 @@ fn encode(what: EncodeCmd) -> Result<(), Box<dyn std::error::Error>> {
     );
     // How far from the input the output is, and what that means for
     // answers (decodes both once: seconds for SmolLM2).
-    let fidelity = written
-        .as_ref()
-        .and_then(|e| rknot::verify::overall_error(e.as_ref(), source.as_ref()));
+    let fidelity = written.as_ref().and_then(|e| {
+        let meter = Meter::new("measure error", Unit::Work, mode);
+        rknot::verify::overall_error(e.as_ref(), source.as_ref(), &meter)
+    });
     if let Some(e) = fidelity {
         eprintln!(
             "rknot: overall relative weight error {e:.4} against {}: {}",
@@ -711,12 +720,14 @@ fn check_manifest(
     manifest: &std::path::Path,
     encoded: &std::path::Path,
     dense: Option<&std::path::Path>,
+    mode: Mode,
 ) -> Result<rknot::integrity::manifest::Checked, Box<dyn std::error::Error>> {
-    use rknot::integrity::manifest::{Checked, HashProgress, Manifest, check_paths};
+    use rknot::integrity::manifest::{Checked, Manifest, check_paths};
     let m = Manifest::read(manifest)?;
     let mut files = vec![encoded];
     files.extend(dense);
-    let mismatches = check_paths(&files, &m, &HashProgress::for_cli())?;
+    let meter = Meter::new("verify --manifest", Unit::Bytes, mode);
+    let mismatches = check_paths(&files, &m, &meter)?;
     Ok(Checked {
         manifest: manifest.to_path_buf(),
         mismatches,

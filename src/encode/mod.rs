@@ -2,9 +2,10 @@
 //!
 //! Every encoder reads the dense model through a [`Backend`] (the same
 //! decode path the mount serves), works on tensors in parallel (rayon),
-//! reports progress through [`Progress`] (a terminal progress bar, plain
-//! lines otherwise, or the counters of a `ctl` job), stops early when
-//! cancelled, and writes its file atomically ([`output::AtomicOutput`]).
+//! reports progress through [`Progress`] (a terminal progress bar, bounded
+//! plain lines otherwise: [`crate::progress`]; or the counters of a `ctl`
+//! job), stops early when cancelled, and writes its file atomically
+//! ([`output::AtomicOutput`]).
 
 pub mod knot;
 pub mod linalg;
@@ -13,77 +14,52 @@ pub mod rknot;
 pub mod sk32;
 
 use rayon::prelude::*;
-use std::io::IsTerminal;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::backend::{Backend, TensorInfo};
 use crate::error::{ErrorKind, Result, err};
+use crate::progress::{Meter, Mode, Unit};
 
 /// Progress and cancellation shared between an encoder and whoever watches
-/// it (the CLI, or a `ctl` job).
+/// it (the CLI, or a `ctl` job): counters a job reports, and, for a command
+/// line, a [`Meter`] (a bar on a terminal, bounded plain lines otherwise).
 #[derive(Default)]
 pub struct Progress {
     pub total: AtomicU64,
     pub done: AtomicU64,
     pub bytes_written: AtomicU64,
     pub cancelled: AtomicBool,
-    bar: Mutex<Option<indicatif::ProgressBar>>,
-    plain: AtomicBool,
+    meter: Meter,
     started: Mutex<Option<Instant>>,
 }
 
 impl Progress {
-    /// Progress for a command line: a bar on a terminal, lines otherwise.
-    pub fn for_cli() -> Progress {
-        let p = Progress::default();
-        if std::io::stderr().is_terminal() {
-            let bar = indicatif::ProgressBar::new(0);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tensors, ETA {eta} {msg}",
-            ) {
-                bar.set_style(style);
-            }
-            *p.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
-        } else {
-            p.plain.store(true, Ordering::Relaxed);
+    /// Progress for a command line, shown as `mode` says (counted in
+    /// tensors: rough, tensors differ in size, but it moves the right way).
+    pub fn for_cli(mode: Mode) -> Progress {
+        Progress {
+            meter: Meter::new("encode", Unit::Items("tensors"), mode),
+            ..Progress::default()
         }
-        p
     }
 
     pub fn start(&self, total: u64) {
         self.total.store(total, Ordering::Relaxed);
         *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            b.set_length(total);
-        }
+        self.meter.set_total(total);
     }
 
     /// One tensor finished.
     pub fn tick(&self, name: &str) {
-        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
-        let total = self.total.load(Ordering::Relaxed);
-        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            b.set_position(done);
-            b.set_message(name.to_string());
-        } else if self.plain.load(Ordering::Relaxed) {
-            // Linear in tensors done: rough (tensors differ in size), but
-            // it moves the right way.
-            let secs = self.elapsed_secs();
-            let eta = secs / done as f64 * total.saturating_sub(done) as f64;
-            eprintln!(
-                "encode: {done}/{total} tensors ({:.0}%), {secs:.1} s, ETA {eta:.0} s: {}",
-                done as f64 * 100.0 / total.max(1) as f64,
-                crate::text::escape(name)
-            );
-        }
+        self.done.fetch_add(1, Ordering::Relaxed);
+        self.meter.set_message(name);
+        self.meter.inc(1);
     }
 
     pub fn finish(&self) {
-        if let Some(b) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            b.finish_and_clear();
-        }
+        self.meter.finish();
     }
 
     pub fn cancel(&self) {

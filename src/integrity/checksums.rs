@@ -7,9 +7,6 @@
 //! groups or chunks, reading in runs of up to 4 MiB, so a file is read
 //! once, sequentially.
 
-use std::io::IsTerminal;
-use std::time::{Duration, Instant};
-
 use crate::backend::ParsedFile;
 use crate::error::{Error, ErrorKind, err};
 use crate::format::checksum::{ChunkSums, crc32};
@@ -183,56 +180,4 @@ fn chunk_units(s: &ChunkSums, base: u64) -> Vec<Unit> {
             }
         })
         .collect()
-}
-
-/// Progress of a byte scan on stderr: a bar on a terminal, otherwise a
-/// plain line at most every 5 seconds.
-pub struct ByteProgress {
-    label: String,
-    bar: Option<indicatif::ProgressBar>,
-    last: Instant,
-}
-
-impl ByteProgress {
-    pub fn new(label: &str) -> ByteProgress {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = indicatif::ProgressBar::new(0);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{msg} [{elapsed_precise}] {bar:40} {bytes}/{total_bytes} {bytes_per_sec}, ETA {eta}",
-            ) {
-                b.set_style(style);
-            }
-            b.set_message(label.to_string());
-            b
-        });
-        ByteProgress {
-            label: label.to_string(),
-            bar,
-            last: Instant::now(),
-        }
-    }
-
-    pub fn update(&mut self, done: u64, total: u64) {
-        match &self.bar {
-            Some(b) => {
-                b.set_length(total);
-                b.set_position(done);
-            }
-            None if self.last.elapsed() >= Duration::from_secs(5) || done == total => {
-                self.last = Instant::now();
-                eprintln!(
-                    "{}: {done}/{total} bytes ({:.0}%)",
-                    self.label,
-                    done as f64 * 100.0 / total.max(1) as f64
-                );
-            }
-            None => {}
-        }
-    }
-
-    pub fn finish(self) {
-        if let Some(b) = self.bar {
-            b.finish_and_clear();
-        }
-    }
 }

@@ -46,8 +46,8 @@ use crate::error::{Error, ErrorKind, Result, err};
 
 pub use check::{Checked, Mismatch, Problem, check_backend, check_paths};
 pub use digest::{
-    FileDigests, HashProgress, READ_PIECE, TensorBytes, digest_file, digest_header, digest_ranges,
-    digest_whole, tensor_bytes,
+    FileDigests, READ_PIECE, TensorBytes, digest_file, digest_header, digest_ranges, digest_whole,
+    tensor_bytes,
 };
 pub use guard::{FileCheck, IntegrityBackend, MountIntegrity, Unverified, open_verified};
 
@@ -437,7 +437,7 @@ pub fn write_manifest(
     files: &[&Path],
     out: &Path,
     force: bool,
-    progress: &HashProgress,
+    progress: &crate::progress::Meter,
 ) -> Result<Written> {
     use crate::backend::{Role, open_single};
     use crate::encode::output::{AtomicOutput, OutputTarget};
@@ -477,11 +477,11 @@ pub fn write_manifest(
     let mut body = Vec::new();
     let mut hashed = 0;
     let total: u64 = sources.iter().map(|s| s.len()).sum();
-    progress.start(total);
+    progress.set_total(total);
     for (b, name) in opened.iter().zip(&names) {
         let (file, tensors) = tensor_bytes(b.as_ref())?;
-        let d = digest_file(file, &tensors, &mut |n| progress.add(n))?;
-        progress.file_done(file.path(), file.len(), tensors.len());
+        progress.set_message(&file.path().to_string_lossy());
+        let d = digest_file(file, &tensors, &mut |n| progress.inc(n))?;
         hashed += file.len();
         body.extend(file_lines(name, &d));
     }

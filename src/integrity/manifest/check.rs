@@ -4,10 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use super::digest::{HashProgress, digest_file, tensor_bytes};
+use super::digest::{digest_file, tensor_bytes};
 use super::{Digest, FileEntries, Manifest, Subject, basename, hex};
 use crate::backend::{Backend, Role, open_single};
 use crate::error::Result;
+use crate::progress::Meter;
 use crate::text::Escaped;
 
 /// What is wrong with one subject of one file.
@@ -115,7 +116,7 @@ pub(super) fn structure(path: &Path, entries: &FileEntries<'_>, names: &[&str]) 
 pub fn check_backend(
     b: &dyn Backend,
     manifest: &Manifest,
-    progress: &HashProgress,
+    progress: &Meter,
 ) -> Result<Vec<Mismatch>> {
     let (file, tensors) = tensor_bytes(b)?;
     let path = file.path();
@@ -125,8 +126,8 @@ pub fn check_backend(
     if entries.is_empty() {
         return Ok(out);
     }
-    let d = digest_file(file, &tensors, &mut |n| progress.add(n))?;
-    progress.file_done(path, file.len(), tensors.len());
+    progress.set_message(&path.to_string_lossy());
+    let d = digest_file(file, &tensors, &mut |n| progress.inc(n))?;
     let mut differs = |subject: Subject, expected: &Digest, found: &Digest| {
         if expected != found {
             out.push(Mismatch {
@@ -158,7 +159,7 @@ pub fn check_backend(
 pub fn check_paths(
     paths: &[&Path],
     manifest: &Manifest,
-    progress: &HashProgress,
+    progress: &Meter,
 ) -> Result<Vec<Mismatch>> {
     let mut opened = Vec::with_capacity(paths.len());
     for (i, p) in paths.iter().enumerate() {
@@ -174,7 +175,7 @@ pub fn check_paths(
         .flat_map(|b| b.source_files())
         .map(|f| f.len())
         .sum();
-    progress.start(total);
+    progress.set_total(total);
     let mut out = Vec::new();
     for b in &opened {
         out.extend(check_backend(b.as_ref(), manifest, progress)?);

@@ -8,11 +8,7 @@
 //! sequential pass: each piece read goes to the whole-file hasher and to
 //! the header's or the tensors' hashers by the ranges it overlaps.
 
-use std::io::IsTerminal;
 use std::ops::Range;
-use std::path::Path;
-use std::sync::Mutex;
-use std::time::Instant;
 
 use sha2::{Digest as _, Sha256};
 
@@ -332,79 +328,4 @@ pub fn digest_whole(file: &SourceFile, piece: usize, progress: &dyn Fn(u64)) -> 
         progress(n as u64);
     }
     Ok(h.finalize().into())
-}
-
-/// Progress of a command that hashes files: a byte bar on a terminal, one
-/// line per file otherwise, nothing when silent.
-pub struct HashProgress {
-    bar: Option<indicatif::ProgressBar>,
-    plain: bool,
-    file_started: Mutex<Instant>,
-}
-
-impl HashProgress {
-    /// For a command line: a bar when stderr is a terminal, else lines.
-    pub fn for_cli() -> HashProgress {
-        let terminal = std::io::stderr().is_terminal();
-        let bar = terminal.then(|| {
-            let bar = indicatif::ProgressBar::new(0);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {binary_bytes}/{binary_total_bytes} \
-                 {binary_bytes_per_sec}, ETA {eta} {msg}",
-            ) {
-                bar.set_style(style);
-            }
-            bar
-        });
-        HashProgress {
-            bar,
-            plain: !terminal,
-            file_started: Mutex::new(Instant::now()),
-        }
-    }
-
-    /// No output (tests, library callers).
-    pub fn silent() -> HashProgress {
-        HashProgress {
-            bar: None,
-            plain: false,
-            file_started: Mutex::new(Instant::now()),
-        }
-    }
-
-    pub fn start(&self, total: u64) {
-        if let Some(b) = &self.bar {
-            b.set_length(total);
-        }
-        *self.file_started.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-    }
-
-    pub fn add(&self, bytes: u64) {
-        if let Some(b) = &self.bar {
-            b.inc(bytes);
-        }
-    }
-
-    /// One file hashed.
-    pub fn file_done(&self, path: &Path, bytes: u64, tensors: usize) {
-        let mut started = self.file_started.lock().unwrap_or_else(|e| e.into_inner());
-        let secs = started.elapsed().as_secs_f64();
-        *started = Instant::now();
-        let line = format!(
-            "sha256: {}: {bytes} bytes, {tensors} tensors in {secs:.1} s ({:.0} MB/s)",
-            crate::text::escape(&path.to_string_lossy()),
-            bytes as f64 / secs.max(1e-9) / 1e6
-        );
-        if let Some(b) = &self.bar {
-            b.println(line);
-        } else if self.plain {
-            eprintln!("{line}");
-        }
-    }
-
-    pub fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
 }
