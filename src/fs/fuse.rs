@@ -63,6 +63,34 @@ enum Backing {
 /// ones decode in the FUSE worker.
 const MAX_DECODING_OPENS: usize = 64;
 
+/// Run `job` (which owns a FUSE reply) on a thread of its own while fewer
+/// than `max` such jobs run (`running` counts them), else in the calling
+/// FUSE worker. If the thread cannot start, the job is dropped with its
+/// reply unsent, and fuser answers the request with EIO.
+fn run_bounded(
+    running: &Arc<AtomicUsize>,
+    max: usize,
+    name: &str,
+    job: impl FnOnce() + Send + 'static,
+) {
+    if running.fetch_add(1, Ordering::AcqRel) >= max {
+        job();
+        running.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    let counter = running.clone();
+    let spawned = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            job();
+            counter.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        running.fetch_sub(1, Ordering::AcqRel);
+        log::error!("cannot start a thread ({name}): {e}");
+    }
+}
+
 /// The kernel's flags for an open served by the daemon.
 fn plain_flags(m: &OpenMode) -> FopenFlags {
     let mut f = FopenFlags::empty();
@@ -366,25 +394,13 @@ impl Filesystem for FuseAdapter {
         drop(table);
         // A first open decodes the whole file (seconds for a large view)
         // on a thread of its own, so the FUSE workers keep answering.
-        if self.decoding.fetch_add(1, Ordering::AcqRel) < MAX_DECODING_OPENS {
-            let (fs, backing, decoding) =
-                (self.fs.clone(), self.backing.clone(), self.decoding.clone());
-            let spawned = std::thread::Builder::new()
-                .name("rknot-decode-open".into())
-                .spawn(move || {
-                    open_from_store(&fs, &backing, ino.0, m, reply);
-                    decoding.fetch_sub(1, Ordering::AcqRel);
-                });
-            if let Err(e) = spawned {
-                // The reply went with the closure; dropped unsent, fuser
-                // answers the open with EIO.
-                self.decoding.fetch_sub(1, Ordering::AcqRel);
-                log::error!("cannot start a thread for an open: {e}");
-            }
-            return;
-        }
-        self.decoding.fetch_sub(1, Ordering::AcqRel);
-        open_from_store(&self.fs, &self.backing, ino.0, m, reply);
+        let (fs, backing) = (self.fs.clone(), self.backing.clone());
+        run_bounded(
+            &self.decoding,
+            MAX_DECODING_OPENS,
+            "rknot-decode-open",
+            move || open_from_store(&fs, &backing, ino.0, m, reply),
+        );
     }
 
     fn read(
@@ -404,26 +420,16 @@ impl Filesystem for FuseAdapter {
         // worker waiting, `ctl` (which shows the check's progress) and
         // `ls` would not answer until the check is done.
         if self.fs.read_may_wait(ino.0) {
-            if self.held.fetch_add(1, Ordering::AcqRel) < MAX_HELD_READS {
-                let (fs, held) = (self.fs.clone(), self.held.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("rknot-held-read".into())
-                    .spawn(move || {
-                        match fs.read_request(unique, ino.0, fh.0, offset, size) {
-                            Ok(d) => reply.data(d.bytes()),
-                            Err(e) => reply.error(errno(e)),
-                        }
-                        held.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if let Err(e) = spawned {
-                    // The reply went with the closure; dropped unsent,
-                    // fuser answers the read with EIO.
-                    self.held.fetch_sub(1, Ordering::AcqRel);
-                    log::error!("cannot start a thread for a held read: {e}");
-                }
-                return;
-            }
-            self.held.fetch_sub(1, Ordering::AcqRel);
+            let fs = self.fs.clone();
+            return run_bounded(
+                &self.held,
+                MAX_HELD_READS,
+                "rknot-held-read",
+                move || match fs.read_request(unique, ino.0, fh.0, offset, size) {
+                    Ok(d) => reply.data(d.bytes()),
+                    Err(e) => reply.error(errno(e)),
+                },
+            );
         }
         match self.fs.read_request(unique, ino.0, fh.0, offset, size) {
             Ok(d) => reply.data(d.bytes()),
