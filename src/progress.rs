@@ -305,7 +305,10 @@ impl Inner {
             Unit::Work => String::new(),
         };
         let rate = match self.unit {
-            Unit::Bytes => format!(", {:.1} MB/s", done as f64 / secs.max(1e-9) / 1e6),
+            // (No rate for nothing done: a file without checksums to scan.)
+            Unit::Bytes if done > 0 => {
+                format!(", {:.1} MB/s", done as f64 / secs.max(1e-9) / 1e6)
+            }
             _ => String::new(),
         };
         let end = if finished {
