@@ -402,6 +402,25 @@ impl TensorFs {
                 ""
             },
         );
+        for r in b.source_files().iter().filter_map(|f| f.remote_stats()) {
+            o += &format!(
+                "remote:    {} ({}{}): fetched {} B in {} requests ({} retries, {} failures), \
+                 parts of {} B: hits {}, misses {} ({} waited), {} B of {} B cached\n",
+                Escaped(&r.url),
+                Escaped(&r.pinned),
+                if r.changed { ", CHANGED" } else { "" },
+                r.bytes_fetched,
+                r.requests,
+                r.retries,
+                r.failures,
+                r.part_size,
+                r.parts.hits,
+                r.parts.misses,
+                r.parts.waits,
+                r.parts.bytes_used,
+                r.parts.capacity,
+            );
+        }
         if let Some(j) = &self.jobs {
             o += &j.to_text();
         }
@@ -476,6 +495,23 @@ impl TensorFs {
             "jobs": self.jobs.as_ref().map_or(Value::Array(Vec::new()), |j| j.to_json()),
             "integrity": self.config.integrity.as_ref().map(|i| i.status_json()),
             "decoded_cache": self.decoded().map(|d| d.status_json()),
+            "remote": b.source_files().iter().filter_map(|f| {
+                let r = f.remote_stats()?;
+                let pin = f.remote_pin()?;
+                Some(json!({
+                    "url": r.url,
+                    "pinned": {"etag": pin.etag, "size": pin.size, "last_modified": pin.last_modified.to_string()},
+                    "changed": r.changed,
+                    "part_size": r.part_size,
+                    "bytes_fetched": r.bytes_fetched, "requests": r.requests,
+                    "retries": r.retries, "failures": r.failures,
+                    "part_cache": {
+                        "hits": r.parts.hits, "misses": r.parts.misses, "waits": r.parts.waits,
+                        "evictions": r.parts.evictions, "bytes_used": r.parts.bytes_used,
+                        "capacity": r.parts.capacity,
+                    },
+                }))
+            }).collect::<Vec<_>>(),
             "last_error": lock(&self.ctl.last_error).clone(),
         })
     }

@@ -104,7 +104,13 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         .or_else(|| opts.dense.as_ref().map(PathBuf::from));
     // Absolute paths: the daemon changes directory to / and reports paths
     // in ctl and index.json.
-    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    // URLs (remote sources) stay as given.
+    let abs = |p: &Path| {
+        if p.to_str().is_some_and(crate::source::is_remote) {
+            return p.to_path_buf();
+        }
+        std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+    };
     let source = abs(&req.source);
     let dense = dense.map(|d| abs(&d));
     let manifest_path = req
@@ -158,7 +164,7 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
     let mut fuse_config = Config::default();
     fuse_config.mount_options = options::fuser_options(
         &opts,
-        &source.display().to_string(),
+        &crate::source::redact(&source.display().to_string()),
         !checks::can_mount_directly(),
     );
     fuse_config.acl = opts.acl;
@@ -230,6 +236,11 @@ fn jobs_config(
         .or_else(|| opts.jobs_dir.as_ref().map(PathBuf::from))
     {
         Some(d) => std::path::absolute(&d).unwrap_or(d),
+        // A remote source has no local directory: jobs only with --jobs-dir.
+        None if source.to_str().is_some_and(crate::source::is_remote) => {
+            log::info!("encoding jobs off: the source is remote and no --jobs-dir was given");
+            return Ok(None);
+        }
         None => source
             .parent()
             .map_or_else(|| PathBuf::from("/"), Path::to_path_buf),
@@ -347,8 +358,11 @@ pub fn run(req: MountRequest) -> ExitCode {
     }
     // SAFETY: both descriptors were just created and are owned only here.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // No thread exists yet (the backend opens with plain reads), so fork is
-    // safe: the child continues with a copy of this single thread.
+    // No thread exists yet (the backend opens with plain reads; a remote
+    // source's I/O runtime is shut down here, its threads joined, and
+    // restarted by the child's first request), so fork is safe: the child
+    // continues with a copy of this single thread.
+    crate::source::stop_runtime();
     // SAFETY: see above; the child only runs Rust code of this process.
     match unsafe { libc::fork() } {
         -1 => fail(format!("fork: {}", std::io::Error::last_os_error())),

@@ -1,8 +1,8 @@
 //! A local source file read by positioned reads, checked against the
 //! version that was opened.
 //!
-//! Every byte the library reads from a model file goes through
-//! [`SourceFile::read_at`]. It uses `pread(2)`, never a mapping: a file that
+//! Every byte the library reads from a local model file goes through
+//! [`LocalFile::read_at`] (behind [`super::SourceFile`]). It uses `pread(2)`, never a mapping: a file that
 //! shrinks under a running mount gives a short read, never SIGBUS.
 //!
 //! After every `pread` the descriptor is `fstat`ed and its size and mtime
@@ -27,9 +27,9 @@ use std::time::SystemTime;
 use super::SourceVersion;
 use crate::error::{Error, ErrorKind, Result, err};
 
-/// An open, read-only model file and the version it had when opened.
+/// An open, read-only local model file and the version it had when opened.
 #[derive(Debug)]
-pub struct SourceFile {
+pub(crate) struct LocalFile {
     path: PathBuf,
     file: File,
     version: SourceVersion,
@@ -52,7 +52,7 @@ fn fstat(file: &File) -> io::Result<libc::stat> {
     }
 }
 
-impl SourceFile {
+impl LocalFile {
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
         let meta = file
@@ -61,7 +61,7 @@ impl SourceFile {
         if meta.is_dir() {
             return Err(err(ErrorKind::Io, "is a directory, not a model file").path(path));
         }
-        Ok(SourceFile {
+        Ok(LocalFile {
             path: path.to_path_buf(),
             version: SourceVersion::from_metadata(&meta),
             file,
@@ -77,10 +77,6 @@ impl SourceFile {
     /// File size at open time. All bounds checks use this value.
     pub fn len(&self) -> u64 {
         self.version.size
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.version.size == 0
     }
 
     pub fn modified(&self) -> Option<SystemTime> {
@@ -193,18 +189,6 @@ impl SourceFile {
         }
         self.check_unchanged()
     }
-
-    /// Read `len` bytes at `offset` into a new buffer. The length is checked
-    /// against the file size before anything is allocated.
-    pub fn read_vec(&self, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
-        self.check_range(offset, len, what)?;
-        let n = usize::try_from(len).map_err(|_| {
-            err(ErrorKind::TooLarge, format!("{what}: {len} bytes")).path(&self.path)
-        })?;
-        let mut buf = vec![0u8; n];
-        self.read_at(offset, &mut buf)?;
-        Ok(buf)
-    }
 }
 
 #[cfg(test)]
@@ -216,7 +200,7 @@ mod tests {
     fn reads_and_bounds() {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(b"0123456789").unwrap();
-        let s = SourceFile::open(f.path()).unwrap();
+        let s = LocalFile::open(f.path()).unwrap();
         assert_eq!(s.len(), 10);
         let mut b = [0u8; 3];
         s.read_at(7, &mut b).unwrap();
@@ -226,7 +210,7 @@ mod tests {
             ErrorKind::OutOfBounds
         );
         assert_eq!(
-            s.read_vec(u64::MAX, 2, "x").unwrap_err().kind(),
+            s.check_range(u64::MAX, 2, "x").unwrap_err().kind(),
             ErrorKind::Overflow
         );
     }
@@ -235,7 +219,7 @@ mod tests {
     fn shrink_after_open_is_a_sticky_change() {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(&[7u8; 4096]).unwrap();
-        let s = SourceFile::open(f.path()).unwrap();
+        let s = LocalFile::open(f.path()).unwrap();
         f.as_file().set_len(100).unwrap();
         let mut b = [0u8; 64];
         let e = s.read_at(1000, &mut b).unwrap_err();
@@ -257,7 +241,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("m.gguf");
         std::fs::write(&path, b"0123456789").unwrap();
-        let s = SourceFile::open(&path).unwrap();
+        let s = LocalFile::open(&path).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         std::fs::hard_link(&path, d.path().join("link")).unwrap();
         std::fs::write(d.path().join("new"), b"something else").unwrap();
@@ -279,7 +263,7 @@ mod tests {
     fn rewrite_in_place_is_changed_and_sticky() {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(b"0123456789").unwrap();
-        let s = SourceFile::open(f.path()).unwrap();
+        let s = LocalFile::open(f.path()).unwrap();
         let mut b = [0u8; 4];
         s.read_at(0, &mut b).unwrap();
         assert!(!s.is_changed());
@@ -300,7 +284,7 @@ mod tests {
         assert!(msg.starts_with(&f.path().display().to_string()), "{msg}");
         assert!(s.is_changed());
         assert_eq!(
-            s.read_vec(2, 2, "x").unwrap_err().to_string(),
+            s.read_at(2, &mut b).unwrap_err().to_string(),
             msg,
             "every later read fails with the same error"
         );

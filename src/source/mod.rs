@@ -1,9 +1,14 @@
 //! Source files: where the bytes of a model come from, and which version of
 //! them a mount serves.
 //!
-//! - [`SourceFile`] (`local`): a local file read by `pread(2)` only, never
-//!   mapped, with a check after every read that the file is still the
-//!   version that was opened ([`SourceVersion`]).
+//! - [`SourceFile`]: what every format reader reads through, whatever the
+//!   bytes come from:
+//!   - `local`: a local file read by `pread(2)` only, never mapped, with a
+//!     check after every read that the file is still the version that was
+//!     opened ([`SourceVersion`]);
+//!   - `remote`: an object at an `http(s)://` or `s3://` URL, read by
+//!     conditional ranged GETs pinned to the version seen at open, in
+//!     aligned parts cached in memory (`parts`).
 //! - [`SourceVersion`]: the identity of one version of a source file
 //!   (device, inode, size, mtime, ctime). It is a small plain value: it
 //!   prints, compares and hashes, so it can key a cache of decoded files or
@@ -17,10 +22,181 @@
 //! source is seen changed, nothing more is read from it.
 
 mod local;
+mod parts;
+mod remote;
 
 use std::fmt;
+use std::path::Path;
+use std::time::SystemTime;
 
-pub use local::SourceFile;
+use crate::error::{ErrorKind, Result, err};
+use local::LocalFile;
+pub use parts::PartStats;
+use remote::RemoteFile;
+pub use remote::{Pin, RemoteOptions, RemoteStats, is_remote, redact, stop_runtime};
+
+/// An open, read-only model file (local or remote) and the version it had
+/// when opened. Readers hold this type and never know where bytes come
+/// from.
+#[derive(Debug)]
+pub struct SourceFile {
+    backing: Backing,
+}
+
+#[derive(Debug)]
+enum Backing {
+    Local(LocalFile),
+    Remote(Box<RemoteFile>),
+}
+
+impl SourceFile {
+    /// Open a local path, or a remote object when `path` is an `http://`,
+    /// `https://` or `s3://` URL (with [`RemoteOptions::from_env`]).
+    pub fn open(path: &Path) -> Result<Self> {
+        if let Some(s) = path.to_str()
+            && is_remote(s)
+        {
+            return SourceFile::open_remote(s, RemoteOptions::from_env());
+        }
+        Ok(SourceFile {
+            backing: Backing::Local(LocalFile::open(path)?),
+        })
+    }
+
+    /// Open a remote object: a HEAD (the pinned version) and the first part.
+    pub fn open_remote(url: &str, opts: RemoteOptions) -> Result<Self> {
+        Ok(SourceFile {
+            backing: Backing::Remote(Box::new(RemoteFile::open(url, opts)?)),
+        })
+    }
+
+    /// The local path, or the redacted URL of a remote object.
+    pub fn path(&self) -> &Path {
+        match &self.backing {
+            Backing::Local(l) => l.path(),
+            Backing::Remote(r) => r.path(),
+        }
+    }
+
+    /// Size at open time. All bounds checks use this value.
+    pub fn len(&self) -> u64 {
+        self.version().size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn modified(&self) -> Option<SystemTime> {
+        match &self.backing {
+            Backing::Local(l) => l.modified(),
+            Backing::Remote(r) => r.modified(),
+        }
+    }
+
+    /// The version that was opened (and that every read is checked
+    /// against). For a remote object: device 0 and an "inode" hashed from
+    /// its redacted URL and pinned version ([`SourceFile::remote_pin`]).
+    pub fn version(&self) -> &SourceVersion {
+        match &self.backing {
+            Backing::Local(l) => l.version(),
+            Backing::Remote(r) => r.version(),
+        }
+    }
+
+    /// The pinned version of a remote object; None for a local file.
+    pub fn remote_pin(&self) -> Option<&Pin> {
+        match &self.backing {
+            Backing::Local(_) => None,
+            Backing::Remote(r) => Some(r.pin()),
+        }
+    }
+
+    /// The counters of a remote object; None for a local file.
+    pub fn remote_stats(&self) -> Option<RemoteStats> {
+        match &self.backing {
+            Backing::Local(_) => None,
+            Backing::Remote(r) => Some(r.stats()),
+        }
+    }
+
+    /// The permission bits now (`st_mode & 0o7777`), from the open
+    /// descriptor; a remote object has none and counts as 0644.
+    pub fn mode(&self) -> Result<u32> {
+        match &self.backing {
+            Backing::Local(l) => l.mode(),
+            Backing::Remote(_) => Ok(0o644),
+        }
+    }
+
+    /// Whether a read has seen the source changed (every read fails from
+    /// then on).
+    pub fn is_changed(&self) -> bool {
+        match &self.backing {
+            Backing::Local(l) => l.is_changed(),
+            Backing::Remote(r) => r.is_changed(),
+        }
+    }
+
+    /// Locally: compare size and mtime now with those at open. Remotely:
+    /// whether a response already showed the object changed (no request).
+    pub fn check_unchanged(&self) -> Result<()> {
+        match &self.backing {
+            Backing::Local(l) => l.check_unchanged(),
+            Backing::Remote(r) => r.check_unchanged(),
+        }
+    }
+
+    /// Check that `[offset, offset + len)` lies inside the file.
+    pub fn check_range(&self, offset: u64, len: u64, what: &str) -> Result<()> {
+        let end = offset.checked_add(len).ok_or_else(|| {
+            err(
+                ErrorKind::Overflow,
+                format!("{what}: offset {offset} + length {len} overflows u64"),
+            )
+            .path(self.path())
+        })?;
+        if end > self.len() {
+            return Err(err(
+                ErrorKind::OutOfBounds,
+                format!(
+                    "{what}: bytes [{offset}, {end}) lie outside the file ({} bytes)",
+                    self.len()
+                ),
+            )
+            .path(self.path())
+            .at(offset));
+        }
+        Ok(())
+    }
+
+    /// Fill `buf` from absolute offset `offset`, from the version that was
+    /// opened: a source changed since is a `Changed` error (for this and
+    /// every later read), a short read a `Truncated` one; never a panic or
+    /// a fault.
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match &self.backing {
+            Backing::Local(l) => l.read_at(offset, buf),
+            Backing::Remote(r) => {
+                r.check_unchanged()?;
+                self.check_range(offset, buf.len() as u64, "read")?;
+                r.read_at(offset, buf)
+            }
+        }
+    }
+
+    /// Read `len` bytes at `offset` into a new buffer. The length is checked
+    /// against the file size before anything is allocated.
+    pub fn read_vec(&self, offset: u64, len: u64, what: &str) -> Result<Vec<u8>> {
+        self.check_range(offset, len, what)?;
+        let n = usize::try_from(len).map_err(|_| {
+            err(ErrorKind::TooLarge, format!("{what}: {len} bytes")).path(self.path())
+        })?;
+        let mut buf = vec![0u8; n];
+        self.read_at(offset, &mut buf)?;
+        Ok(buf)
+    }
+}
 
 /// A file timestamp: seconds and nanoseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

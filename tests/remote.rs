@@ -1,0 +1,460 @@
+//! Remote sources (`http://`): a small HTTP/1.1 server on 127.0.0.1 written
+//! here (HEAD, ranged GET, ETag, If-Match -> 412) with switchable faults
+//! (503 every Nth request, a connection dropped mid-body, a changed object,
+//! Range ignored). Reads either return the right bytes or fail; never wrong
+//! bytes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::mount::{Mounted, fuse_available};
+use common::*;
+use rknot::backend::{Backend, DenseBackend, Role};
+use rknot::error::ErrorKind;
+use rknot::format::gguf::GgufFile;
+use rknot::source::{RemoteOptions, SourceFile};
+
+#[derive(Default)]
+struct Faults {
+    /// Answer 503 to every Nth request (0: never).
+    fail_every: AtomicU64,
+    /// Drop the connection halfway through the body of every Nth GET.
+    drop_every: AtomicU64,
+    /// Answer ranged GETs with 200 and the whole body.
+    ignore_range: AtomicBool,
+}
+
+struct Object {
+    data: Vec<u8>,
+    etag: String,
+}
+
+struct Server {
+    port: u16,
+    object: Arc<Mutex<Object>>,
+    faults: Arc<Faults>,
+    requests: Arc<AtomicU64>,
+}
+
+impl Server {
+    fn start(data: Vec<u8>) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let object = Arc::new(Mutex::new(Object {
+            data,
+            etag: "\"v1\"".into(),
+        }));
+        let faults = Arc::new(Faults::default());
+        let requests = Arc::new(AtomicU64::new(0));
+        let (o, f, r) = (object.clone(), faults.clone(), requests.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (o, f, r) = (o.clone(), f.clone(), r.clone());
+                std::thread::spawn(move || {
+                    let _ = serve(conn, &o, &f, &r);
+                });
+            }
+        });
+        Server {
+            port,
+            object,
+            faults,
+            requests,
+        }
+    }
+
+    fn url(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}/{name}", self.port)
+    }
+
+    /// Replace the object (new bytes, new ETag).
+    fn replace(&self, data: Vec<u8>, etag: &str) {
+        let mut o = self.object.lock().unwrap();
+        o.data = data;
+        o.etag = etag.into();
+    }
+}
+
+/// One connection: requests until the client closes it (keep-alive).
+fn serve(
+    conn: TcpStream,
+    object: &Mutex<Object>,
+    faults: &Faults,
+    requests: &AtomicU64,
+) -> std::io::Result<()> {
+    conn.set_nodelay(true)?;
+    let mut r = BufReader::new(conn.try_clone()?);
+    let mut w = conn;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let path = parts.next().unwrap_or("").to_string();
+        let (mut range, mut if_match) = (None, None);
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h)? == 0 {
+                return Ok(());
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap_or((h, ""));
+            match k.to_ascii_lowercase().as_str() {
+                "range" => range = Some(v.trim().to_string()),
+                "if-match" => if_match = Some(v.trim().to_string()),
+                _ => {}
+            }
+        }
+        let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
+        let every = faults.fail_every.load(Ordering::SeqCst);
+        if every > 0 && n.is_multiple_of(every) {
+            respond(&mut w, "503 Service Unavailable", &[], b"busy")?;
+            continue;
+        }
+        let (data, etag) = {
+            let o = object.lock().unwrap();
+            (o.data.clone(), o.etag.clone())
+        };
+        match path.as_str() {
+            "/m.gguf" => {}
+            "/secret.gguf" => {
+                respond(&mut w, "403 Forbidden", &[], b"no")?;
+                continue;
+            }
+            _ => {
+                respond(&mut w, "404 Not Found", &[], b"none")?;
+                continue;
+            }
+        }
+        if if_match.as_ref().is_some_and(|m| *m != etag) {
+            respond(&mut w, "412 Precondition Failed", &[], b"")?;
+            continue;
+        }
+        let lm = "Mon, 01 Jan 2024 00:00:00 GMT".to_string();
+        let total = data.len();
+        if method == "HEAD" {
+            write!(
+                w,
+                "HTTP/1.1 200 OK\r\nContent-Length: {total}\r\nETag: {etag}\r\n\
+                 Last-Modified: {lm}\r\nAccept-Ranges: bytes\r\n\r\n"
+            )?;
+            continue;
+        }
+        let ranged = range
+            .as_deref()
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
+            .filter(|_| !faults.ignore_range.load(Ordering::SeqCst));
+        let (status, body, extra) = match ranged {
+            Some((a, b)) if a <= b && a < total => {
+                let b = b.min(total - 1);
+                (
+                    "206 Partial Content",
+                    &data[a..=b],
+                    vec![format!("Content-Range: bytes {a}-{b}/{total}")],
+                )
+            }
+            Some(_) => {
+                respond(&mut w, "416 Range Not Satisfiable", &[], b"")?;
+                continue;
+            }
+            None => ("200 OK", &data[..], vec![]),
+        };
+        let mut head = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nETag: {etag}\r\nLast-Modified: {lm}\r\n",
+            body.len()
+        );
+        for e in extra {
+            head += &e;
+            head += "\r\n";
+        }
+        head += "\r\n";
+        w.write_all(head.as_bytes())?;
+        let drop_every = faults.drop_every.load(Ordering::SeqCst);
+        if drop_every > 0 && n.is_multiple_of(drop_every) && body.len() > 1 {
+            w.write_all(&body[..body.len() / 2])?;
+            w.flush()?;
+            let _ = w.shutdown(std::net::Shutdown::Both);
+            return Ok(());
+        }
+        w.write_all(body)?;
+        w.flush()?;
+    }
+}
+
+fn respond(w: &mut TcpStream, status: &str, headers: &[&str], body: &[u8]) -> std::io::Result<()> {
+    let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());
+    for h in headers {
+        head += h;
+        head += "\r\n";
+    }
+    head += "\r\n";
+    w.write_all(head.as_bytes())?;
+    w.write_all(body)?;
+    w.flush()
+}
+
+fn opts(part_size: u64) -> RemoteOptions {
+    RemoteOptions {
+        part_size,
+        backoff: Duration::from_millis(5),
+        timeout: Duration::from_secs(10),
+        ..RemoteOptions::default()
+    }
+}
+
+fn cat(source: &str, tensor: &str, env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(rknot_bin())
+        .args(["cat", source, tensor])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+fn tensor_names(path: &Path) -> Vec<String> {
+    let g = GgufFile::read(&SourceFile::open(path).unwrap()).unwrap();
+    g.tensors.iter().map(|t| t.name.clone()).collect()
+}
+
+/// `rknot cat` over http equals the local cat, byte for byte, for every
+/// tensor of the tiny demo model (small parts, so tensors span parts).
+#[test]
+fn tiny_cat_over_http_equals_local() {
+    let local = demo_path("tiny-llama.gguf");
+    let s = Server::start(std::fs::read(&local).unwrap());
+    let url = s.url("m.gguf");
+    for name in tensor_names(&local) {
+        let want = cat(local.to_str().unwrap(), &name, &[]);
+        assert!(want.status.success());
+        let got = cat(&url, &name, &[("RKNOT_REMOTE_PART_SIZE", "4096")]);
+        assert!(
+            got.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&got.stderr)
+        );
+        assert!(got.stdout == want.stdout, "{name}: bytes differ");
+    }
+    let inspect = Command::new(rknot_bin())
+        .args(["inspect", &url])
+        .output()
+        .unwrap();
+    assert!(inspect.status.success());
+    assert!(String::from_utf8_lossy(&inspect.stdout).contains(&url));
+}
+
+#[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+fn smollm2_cat_over_http_equals_local() {
+    let Some(model) = smollm2() else { return };
+    let s = Server::start(std::fs::read(&model).unwrap());
+    let url = s.url("m.gguf");
+    for name in [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "output_norm.weight",
+    ] {
+        let want = cat(model.to_str().unwrap(), name, &[]);
+        let got = cat(&url, name, &[]);
+        assert!(
+            got.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&got.stderr)
+        );
+        assert!(got.stdout == want.stdout, "{name}: bytes differ");
+    }
+}
+
+/// Open: HEAD + first part; one tensor then costs at most its stored bytes
+/// plus one part at each end (parts are aligned).
+#[test]
+#[cfg_attr(
+    rknot_no_model,
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+fn bytes_fetched_for_one_tensor_are_bounded() {
+    let Some(model) = smollm2() else { return };
+    let s = Server::start(std::fs::read(&model).unwrap());
+    let part = 1u64 << 20;
+    let src = SourceFile::open_remote(&s.url("m.gguf"), opts(part)).unwrap();
+    let st = src.remote_stats().unwrap();
+    assert_eq!(
+        (st.requests, st.bytes_fetched),
+        (2, part),
+        "HEAD + first part"
+    );
+    assert_eq!(s.requests.load(Ordering::SeqCst), 2);
+    let g = GgufFile::read(&src).unwrap();
+    let header_fetched = src.remote_stats().unwrap().bytes_fetched;
+    assert!(g.data_offset <= part || header_fetched >= g.data_offset);
+    let t = g
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.3.ffn_down.weight")
+        .unwrap()
+        .clone();
+    let b = DenseBackend::from_gguf(src, g, Role::Primary).unwrap();
+    let want = {
+        let l = rknot::backend::open_single(&model, Role::Primary).unwrap();
+        decode_bytes(l.as_ref(), &t.name)
+    };
+    assert_eq!(decode_bytes(&b, &t.name), want);
+    let st = b.source_files()[0].remote_stats().unwrap();
+    let fetched = st.bytes_fetched - header_fetched;
+    assert!(
+        fetched <= t.n_bytes + 2 * part,
+        "fetched {fetched} for a tensor of {} stored bytes (parts of {part})",
+        t.n_bytes
+    );
+    assert_eq!(st.retries, 0);
+    assert!(st.parts.misses >= 1);
+}
+
+#[test]
+fn retries_on_503_and_dropped_connections_give_the_right_bytes() {
+    let local = demo_path("tiny-llama.gguf");
+    let data = std::fs::read(&local).unwrap();
+    let s = Server::start(data.clone());
+    s.faults.fail_every.store(3, Ordering::SeqCst);
+    s.faults.drop_every.store(4, Ordering::SeqCst);
+    let src = SourceFile::open_remote(&s.url("m.gguf"), opts(4096)).unwrap();
+    let mut got = vec![0u8; data.len()];
+    src.read_at(0, &mut got).unwrap();
+    assert!(got == data, "bytes differ after retries");
+    let st = src.remote_stats().unwrap();
+    assert!(st.retries > 0, "{st:?}");
+    assert_eq!(st.failures, 0);
+    assert_eq!(st.bytes_fetched, data.len() as u64);
+}
+
+#[test]
+fn retries_exhausted_fail_the_read_and_later_reads_work() {
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    let s = Server::start(data.clone());
+    let mut o = opts(4096);
+    o.max_retries = 2;
+    let src = SourceFile::open_remote(&s.url("m.gguf"), o).unwrap();
+    s.faults.fail_every.store(1, Ordering::SeqCst);
+    let mut b = vec![0u8; 10];
+    let e = src.read_at(50_000, &mut b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io);
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(e.to_string().contains("gave up after 2 retries"), "{e}");
+    s.faults.fail_every.store(0, Ordering::SeqCst);
+    src.read_at(50_000, &mut b).unwrap();
+    assert_eq!(&b[..], &data[50_000..50_010]);
+}
+
+#[test]
+fn a_changed_object_is_a_sticky_estale_never_wrong_bytes() {
+    let data = vec![1u8; 50_000];
+    let s = Server::start(data);
+    let src = SourceFile::open_remote(&s.url("m.gguf"), opts(4096)).unwrap();
+    let mut b = vec![0u8; 100];
+    src.read_at(0, &mut b).unwrap(); // part 0: cached at open
+    s.replace(vec![2u8; 50_000], "\"v2\"");
+    let e = src.read_at(20_000, &mut b).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Changed, "{e}");
+    assert_eq!(e.errno(), libc::ESTALE);
+    assert!(e.to_string().starts_with(&s.url("m.gguf")), "{e}");
+    assert!(src.is_changed());
+    // Sticky: even the cached part is refused now.
+    assert_eq!(
+        src.read_at(0, &mut b).unwrap_err().kind(),
+        ErrorKind::Changed
+    );
+}
+
+#[test]
+fn range_ignored_is_refused_at_open() {
+    let s = Server::start(vec![0u8; 10_000]);
+    s.faults.ignore_range.store(true, Ordering::SeqCst);
+    let e = SourceFile::open_remote(&s.url("m.gguf"), opts(4096)).unwrap_err();
+    assert!(e.to_string().contains("ignored the Range"), "{e}");
+    let out = cat(&s.url("m.gguf"), "x", &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ignored the Range"));
+}
+
+#[test]
+fn not_found_and_forbidden_name_the_redacted_url_and_status() {
+    let s = Server::start(vec![0u8; 10]);
+    let e = SourceFile::open_remote(&s.url("nope.gguf"), opts(4096)).unwrap_err();
+    assert!(e.to_string().contains("404"), "{e}");
+    assert!(e.to_string().starts_with(&s.url("nope.gguf")), "{e}");
+    let e = SourceFile::open_remote(&s.url("secret.gguf"), opts(4096)).unwrap_err();
+    assert!(e.to_string().contains("403"), "{e}");
+    let e = SourceFile::open_remote(
+        &format!("{}?X-Amz-Signature=s3cr3t", s.url("m.gguf")),
+        opts(4096),
+    )
+    .unwrap_err();
+    assert!(!e.to_string().contains("s3cr3t"), "{e}");
+    let out = cat(&format!("{}?sig=s3cr3t", s.url("secret.gguf")), "x", &[]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cr3t"));
+}
+
+/// Every tensor and model.gguf of a mount of an http source equal those of
+/// a local mount.
+#[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn mount_over_http_equals_local_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let local = match smollm2() {
+        Some(m) => m,
+        None => demo_path("tiny-llama.gguf"),
+    };
+    let s = Server::start(std::fs::read(&local).unwrap());
+    let a = Mounted::new(&local, &[]);
+    let url = s.url("m.gguf");
+    // ctl.json comes with jobs; a remote source has jobs only with --jobs-dir.
+    let jobs = tempfile::tempdir().unwrap();
+    let b = Mounted::new(
+        Path::new(&url),
+        &["--jobs-dir", jobs.path().to_str().unwrap()],
+    );
+    let names = tensor_names(&local);
+    for name in &names {
+        let f = format!("{name}.f32");
+        assert!(
+            std::fs::read(a.path(&f)).unwrap() == std::fs::read(b.path(&f)).unwrap(),
+            "{name}"
+        );
+    }
+    for view in ["model.gguf", "index.json"] {
+        let (x, y) = (a.path(view), b.path(view));
+        if x.exists() {
+            let (x, y) = (std::fs::read(x).unwrap(), std::fs::read(y).unwrap());
+            if view == "model.gguf" {
+                assert!(x == y, "{view} differs");
+            }
+        }
+    }
+    let ctl = b.ctl();
+    assert!(ctl.contains(&url), "{ctl}");
+    assert!(ctl.contains("remote:"), "{ctl}");
+    let j = b.ctl_json();
+    assert!(j["remote"][0]["bytes_fetched"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["remote"][0]["pinned"]["etag"], "\"v1\"");
+}
