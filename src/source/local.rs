@@ -130,25 +130,7 @@ impl LocalFile {
 
     /// Check that `[offset, offset + len)` lies inside the file.
     pub fn check_range(&self, offset: u64, len: u64, what: &str) -> Result<()> {
-        let end = offset.checked_add(len).ok_or_else(|| {
-            err(
-                ErrorKind::Overflow,
-                format!("{what}: offset {offset} + length {len} overflows u64"),
-            )
-            .path(&self.path)
-        })?;
-        if end > self.len() {
-            return Err(err(
-                ErrorKind::OutOfBounds,
-                format!(
-                    "{what}: bytes [{offset}, {end}) lie outside the file ({} bytes)",
-                    self.len()
-                ),
-            )
-            .path(&self.path)
-            .at(offset));
-        }
-        Ok(())
+        super::check_range(&self.path, self.len(), offset, len, what)
     }
 
     /// Fill `buf` from absolute offset `offset`, from the version that was

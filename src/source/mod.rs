@@ -149,25 +149,7 @@ impl SourceFile {
 
     /// Check that `[offset, offset + len)` lies inside the file.
     pub fn check_range(&self, offset: u64, len: u64, what: &str) -> Result<()> {
-        let end = offset.checked_add(len).ok_or_else(|| {
-            err(
-                ErrorKind::Overflow,
-                format!("{what}: offset {offset} + length {len} overflows u64"),
-            )
-            .path(self.path())
-        })?;
-        if end > self.len() {
-            return Err(err(
-                ErrorKind::OutOfBounds,
-                format!(
-                    "{what}: bytes [{offset}, {end}) lie outside the file ({} bytes)",
-                    self.len()
-                ),
-            )
-            .path(self.path())
-            .at(offset));
-        }
-        Ok(())
+        check_range(self.path(), self.len(), offset, len, what)
     }
 
     /// Fill `buf` from absolute offset `offset`, from the version that was
@@ -326,6 +308,27 @@ impl fmt::Display for SourceVersion {
             self.ctime
         )
     }
+}
+
+/// Check that `[offset, offset + len)` lies inside a file of `size` bytes
+/// at `path` (for errors): overflow and out-of-bounds errors name both.
+fn check_range(path: &Path, size: u64, offset: u64, len: u64, what: &str) -> Result<()> {
+    let end = offset.checked_add(len).ok_or_else(|| {
+        err(
+            ErrorKind::Overflow,
+            format!("{what}: offset {offset} + length {len} overflows u64"),
+        )
+        .path(path)
+    })?;
+    if end > size {
+        return Err(err(
+            ErrorKind::OutOfBounds,
+            format!("{what}: bytes [{offset}, {end}) lie outside the file ({size} bytes)"),
+        )
+        .path(path)
+        .at(offset));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
