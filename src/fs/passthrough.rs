@@ -122,7 +122,6 @@ impl Decoded {
                 "decoded cache: removed {removed} entries of an older version of the sources"
             );
         }
-        d.start_prechecks();
         if !setup.passthrough {
             // Asked for: not something to warn about.
             d.turn_off(NO_PASSTHROUGH, log::Level::Info);
@@ -131,6 +130,11 @@ impl Decoded {
                 "the daemon lacks CAP_SYS_ADMIN, which registering a passthrough backing \
                  file needs (run it as root)",
             );
+        }
+        // Entries are read whole to be checked: only worth it when they
+        // can be served.
+        if d.enabled() {
+            d.start_prechecks();
         }
         d
     }
