@@ -51,12 +51,12 @@ enum Backing {
 
 impl SourceFile {
     /// Open a local path, or a remote object when `path` is an `http://`,
-    /// `https://` or `s3://` URL (with [`RemoteOptions::from_env`]).
+    /// `https://` or `s3://` URL (with [`RemoteOptions::current`]).
     pub fn open(path: &Path) -> Result<Self> {
         if let Some(s) = path.to_str()
             && is_remote(s)
         {
-            return SourceFile::open_remote(s, RemoteOptions::from_env());
+            return SourceFile::open_remote(s, RemoteOptions::current());
         }
         Ok(SourceFile {
             backing: Backing::Local(LocalFile::open(path)?),

@@ -87,6 +87,20 @@ pub struct RemoteOptions {
     pub backoff: Duration,
     /// Timeout of one request (connect to the end of the body).
     pub timeout: Duration,
+    /// Part fetches in flight at once per source (read-ahead and the parts
+    /// of one large read).
+    pub max_in_flight: usize,
+    /// The largest sequential read-ahead window, in bytes.
+    pub readahead_max: u64,
+    /// S3 endpoint (S3-compatible stores), overriding `AWS_ENDPOINT_URL`.
+    pub endpoint: Option<String>,
+    /// A PEM bundle of extra CA certificates trusted for https (added to
+    /// the system's roots; verification is never turned off).
+    pub ca_bundle: Option<PathBuf>,
+    /// The persistent disk cache of parts (`--source-cache DIR`), if any.
+    pub source_cache: Option<PathBuf>,
+    /// Its size limit in bytes.
+    pub source_cache_bytes: u64,
 }
 
 impl Default for RemoteOptions {
@@ -97,11 +111,33 @@ impl Default for RemoteOptions {
             max_retries: 5,
             backoff: Duration::from_millis(100),
             timeout: Duration::from_secs(60),
+            max_in_flight: 8,
+            readahead_max: 64 << 20,
+            endpoint: None,
+            ca_bundle: None,
+            source_cache: None,
+            source_cache_bytes: 10 << 30,
         }
     }
 }
 
+/// The options set by the program's flags ([`RemoteOptions::set_current`]).
+static CURRENT: Mutex<Option<RemoteOptions>> = Mutex::new(None);
+
 impl RemoteOptions {
+    /// The options every [`super::SourceFile::open`] of a URL uses: those
+    /// set by [`RemoteOptions::set_current`] (the command line), else
+    /// [`RemoteOptions::from_env`].
+    pub fn current() -> RemoteOptions {
+        lock(&CURRENT).clone().unwrap_or_else(RemoteOptions::from_env)
+    }
+
+    /// Set the options of every later open of a URL in this process (once,
+    /// from the command line, before any source is opened).
+    pub fn set_current(opts: RemoteOptions) {
+        *lock(&CURRENT) = Some(opts);
+    }
+
     /// The defaults, with overrides from `RKNOT_REMOTE_PART_SIZE`,
     /// `RKNOT_REMOTE_CACHE_BYTES`, `RKNOT_REMOTE_RETRIES`,
     /// `RKNOT_REMOTE_BACKOFF_MS` and `RKNOT_REMOTE_TIMEOUT_S` (provisional,
@@ -125,6 +161,7 @@ impl RemoteOptions {
             timeout: num("RKNOT_REMOTE_TIMEOUT_S")
                 .filter(|&n| n > 0)
                 .map_or(d.timeout, Duration::from_secs),
+            ..d
         }
     }
 }
