@@ -21,6 +21,7 @@
 //! `Changed` error (ESTALE at the filesystem), and it is sticky: once a
 //! source is seen changed, nothing more is read from it.
 
+mod http;
 mod local;
 mod parts;
 mod remote;
@@ -150,6 +151,21 @@ impl SourceFile {
     /// Check that `[offset, offset + len)` lies inside the file.
     pub fn check_range(&self, offset: u64, len: u64, what: &str) -> Result<()> {
         check_range(self.path(), self.len(), offset, len, what)
+    }
+
+    /// Declare the byte ranges that readers read as units (each tensor's
+    /// stored bytes): a remote source's sequential read-ahead stays inside
+    /// the one a read is in, so reading one tensor fetches little beyond
+    /// it. No effect on a local file.
+    pub fn set_extents(&self, ranges: Vec<std::ops::Range<u64>>) {
+        if let Backing::Remote(r) = &self.backing {
+            r.set_extents(ranges);
+        }
+    }
+
+    /// Whether this is a remote object.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.backing, Backing::Remote(_))
     }
 
     /// Fill `buf` from absolute offset `offset`, from the version that was
