@@ -998,8 +998,8 @@ impl Inner {
             return last_block;
         }
         let extents = self.extents.read().unwrap_or_else(|p| p.into_inner());
-        let i = extents.partition_point(|r| r.end <= end - 1);
-        let Some(extent) = extents.get(i).filter(|r| r.start <= end - 1) else {
+        let i = extents.partition_point(|r| r.end < end);
+        let Some(extent) = extents.get(i).filter(|r| r.start < end) else {
             return last_block;
         };
         let stop = (end.saturating_add(window))
