@@ -21,6 +21,9 @@ use rknot::error::ErrorKind;
 use rknot::format::gguf::GgufFile;
 use rknot::source::{RemoteOptions, SourceFile};
 
+/// The query string a presigned URL of /p.gguf carries (its "signature").
+const PRESIGNED_QUERY: &str = "X-Amz-Expires=600&X-Amz-Signature=SECRETSIG0123";
+
 #[derive(Default)]
 struct Faults {
     /// Answer 503 to every Nth request (0: never).
@@ -128,8 +131,19 @@ fn serve(
             let o = object.lock().unwrap();
             (o.data.clone(), o.etag.clone())
         };
+        // A presigned URL's stand-in: /p.gguf answers only with its
+        // signature in the query string.
+        let (path, query) = match path.split_once('?') {
+            Some((p, q)) => (p.to_string(), Some(q.to_string())),
+            None => (path, None),
+        };
         match path.as_str() {
             "/m.gguf" => {}
+            "/p.gguf" if query.as_deref() == Some(PRESIGNED_QUERY) => {}
+            "/p.gguf" => {
+                respond(&mut w, "403 Forbidden", &[], b"bad signature")?;
+                continue;
+            }
             "/secret.gguf" => {
                 respond(&mut w, "403 Forbidden", &[], b"no")?;
                 continue;
@@ -414,12 +428,15 @@ fn not_found_and_forbidden_name_the_redacted_url_and_status() {
     assert!(e.to_string().starts_with(&s.url("nope.gguf")), "{e}");
     let e = SourceFile::open_remote(&s.url("secret.gguf"), opts(4096)).unwrap_err();
     assert!(e.to_string().contains("403"), "{e}");
-    let e = SourceFile::open_remote(
+    // A query string is kept in requests (a presigned URL) and left out of
+    // every name the source shows.
+    let f = SourceFile::open_remote(
         &format!("{}?X-Amz-Signature=s3cr3t", s.url("m.gguf")),
         opts(4096),
     )
-    .unwrap_err();
-    assert!(!e.to_string().contains("s3cr3t"), "{e}");
+    .unwrap();
+    assert_eq!(f.path(), Path::new(&s.url("m.gguf")));
+    assert!(!format!("{f:?}").contains("s3cr3t"));
     let out = cat(&format!("{}?sig=s3cr3t", s.url("secret.gguf")), "x", &[]);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cr3t"));
 }
@@ -471,4 +488,66 @@ fn mount_over_http_equals_local_mount() {
     let j = b.ctl_json();
     assert!(j["remote"][0]["bytes_fetched"].as_u64().unwrap() > 0, "{j}");
     assert_eq!(j["remote"][0]["pinned"]["etag"], "\"v1\"");
+}
+
+/// A presigned URL (the signature in the query string): read over the
+/// query string, and the signature is in no error, log line, ctl file,
+/// index.json, /proc/mounts or the daemon's command line.
+#[test]
+fn presigned_urls_work_and_their_signature_is_never_shown() {
+    let local = demo_path("tiny-llama.gguf");
+    let s = Server::start(std::fs::read(&local).unwrap());
+    let url = format!("{}?{PRESIGNED_QUERY}", s.url("p.gguf"));
+    let secret = "SECRETSIG0123";
+    let name = &tensor_names(&local)[0];
+    let want = cat(local.to_str().unwrap(), name, &[]);
+    let got = cat(&url, name, &[]);
+    assert!(
+        got.status.success(),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    assert!(got.stdout == want.stdout, "bytes differ");
+    let bad = cat(
+        &format!("{}?X-Amz-Signature=WRONGSIG", s.url("p.gguf")),
+        name,
+        &[],
+    );
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(
+        err.contains("403") && err.contains(&s.url("p.gguf")),
+        "{err}"
+    );
+    assert!(!err.contains("WRONGSIG"), "{err}");
+    if !fuse_available() {
+        return;
+    }
+    let jobs = tempfile::tempdir().unwrap();
+    let m = Mounted::new(
+        Path::new(&url),
+        &["--jobs-dir", jobs.path().to_str().unwrap()],
+    );
+    let f32 = std::fs::read(m.path(&format!("{name}.f32"))).unwrap();
+    assert!(!f32.is_empty());
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", m.pid())).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmdline.contains(&s.url("p.gguf")), "{cmdline}");
+    for (what, text) in [
+        ("ctl", m.ctl()),
+        ("ctl.json", m.ctl_json().to_string()),
+        (
+            "index.json",
+            std::fs::read_to_string(m.path("index.json")).unwrap(),
+        ),
+        (
+            "/proc/mounts",
+            std::fs::read_to_string("/proc/mounts").unwrap(),
+        ),
+        ("the daemon's command line", cmdline),
+        ("the daemon's log", m.log()),
+    ] {
+        assert!(!text.contains(secret), "{what} shows the signature: {text}");
+    }
+    assert!(m.ctl().contains(&s.url("p.gguf")));
 }

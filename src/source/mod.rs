@@ -21,6 +21,7 @@
 //! `Changed` error (ESTALE at the filesystem), and it is sticky: once a
 //! source is seen changed, nothing more is read from it.
 
+mod argv;
 mod http;
 mod local;
 mod parts;
@@ -31,6 +32,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use crate::error::{ErrorKind, Result, err};
+pub use argv::hide_url_secrets_in_argv;
 use local::LocalFile;
 pub use parts::PartStats;
 use remote::RemoteFile;

@@ -118,12 +118,18 @@ impl Claim {
             return;
         }
         self.done = true;
-        if let Ok(b) = &result {
-            self.cache.insert(self.index, b.clone());
+        // Out of `in_flight` (and into the cache) before the waiters wake:
+        // a reader that comes after one of them must not find this flight
+        // and its (possibly failed) result again.
+        {
+            let mut st = lock(&self.cache.state);
+            st.in_flight.remove(&self.index);
+            if let Ok(b) = &result {
+                self.cache.insert_locked(&mut st, self.index, b.clone());
+            }
         }
         *lock(&self.flight.result) = Some(result);
         self.flight.done.notify_all();
-        lock(&self.cache.state).in_flight.remove(&self.index);
     }
 }
 
@@ -194,8 +200,7 @@ impl BlockCache {
         claims
     }
 
-    fn insert(&self, index: u64, block: Bytes) {
-        let mut st = lock(&self.state);
+    fn insert_locked(&self, st: &mut State, index: u64, block: Bytes) {
         st.bytes += block.len() as u64;
         if let Some(old) = st.blocks.put(index, block) {
             st.bytes -= old.len() as u64;
