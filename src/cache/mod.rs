@@ -1,9 +1,11 @@
 //! Caches of the daemon. `decoded`: decoded chunks of tensors (f32),
 //! bounded in bytes, decoded once however many readers miss them; every
 //! read of the mount goes through it. `store`: whole decoded files on disk
-//! (`--decoded-cache`), served by FUSE passthrough.
+//! (`--decoded-cache`), served by FUSE passthrough. `dir`: the private
+//! directory a disk cache lives in.
 
 mod decoded;
+mod dir;
 pub mod store;
 
 use std::sync::{Mutex, MutexGuard};
