@@ -33,6 +33,16 @@ pub(crate) const TMP_PREFIX: &str = ".tmp.";
 pub(crate) struct Stat {
     pub ino: u64,
     pub size: u64,
+    pub mode: libc::mode_t,
+    pub uid: u32,
+    /// Last modification, in nanoseconds since the epoch.
+    pub mtime_ns: i64,
+}
+
+impl Stat {
+    pub fn is_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
 }
 
 /// An open, checked cache directory.
@@ -243,6 +253,11 @@ impl CacheDir {
             Some(Stat {
                 ino: st.st_ino as u64,
                 size: st.st_size as u64,
+                mode: st.st_mode,
+                uid: st.st_uid,
+                mtime_ns: (st.st_mtime as i64)
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(st.st_mtime_nsec as i64),
             })
         }
     }
@@ -354,6 +369,7 @@ mod tests {
         std::os::unix::fs::symlink(t.path().join("secret"), d.path().join("a")).unwrap();
         let e = d.open_at("a", libc::O_RDONLY, 0).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        assert!(!d.stat_at("a").unwrap().is_file());
         // Temporaries: unique names, removed once their writer is gone.
         let (a, b) = (d.temp_name("x", ".data"), d.temp_name("x", ".data"));
         assert_ne!(a, b);
