@@ -8,6 +8,7 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -550,4 +551,74 @@ fn presigned_urls_work_and_their_signature_is_never_shown() {
         assert!(!text.contains(secret), "{what} shows the signature: {text}");
     }
     assert!(m.ctl().contains(&s.url("p.gguf")));
+}
+
+/// The disk cache (`--source-cache`): a second open of the same object
+/// (a remount, another mount) reads every block from disk and fetches
+/// nothing; a corrupted part file is detected, removed and refetched,
+/// never served; a changed object never gets its old version's blocks.
+#[test]
+fn disk_cache_serves_remounts_detects_corruption_and_keeps_versions_apart() {
+    let local = demo_path("tiny-llama.gguf");
+    let data = std::fs::read(&local).unwrap();
+    let s = Server::start(data.clone());
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().join("parts");
+    let with_cache = || RemoteOptions {
+        source_cache: Some(dir.clone()),
+        source_cache_bytes: 1 << 30,
+        ..opts(64 << 10)
+    };
+    let read_all = |src: &SourceFile| {
+        let mut got = vec![0u8; src.len() as usize];
+        src.read_at(0, &mut got).unwrap();
+        got
+    };
+    let first = SourceFile::open_remote(&s.url("m.gguf"), with_cache()).unwrap();
+    assert!(read_all(&first) == data);
+    let st = first.remote_stats().unwrap();
+    assert_eq!(st.bytes_fetched, data.len() as u64);
+    let d = st.disk.unwrap();
+    assert!(d.cache.entries > 1 && d.cache.writes > 0, "{d:?}");
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+
+    // A remount: only the open's request; every block from disk.
+    let second = SourceFile::open_remote(&s.url("m.gguf"), with_cache()).unwrap();
+    assert!(read_all(&second) == data);
+    let st = second.remote_stats().unwrap();
+    assert_eq!(st.requests, 1, "{st:?}");
+    assert_eq!(st.bytes_fetched, st.block_size.min(data.len() as u64));
+    assert!(st.disk.as_ref().unwrap().hits > 0);
+
+    // Flip one byte in every part file: each is detected and refetched.
+    let mut flipped = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let mut b = std::fs::read(&p).unwrap();
+        let last = b.len() - 1;
+        b[last] ^= 0x40;
+        std::fs::write(&p, b).unwrap();
+        flipped += 1;
+    }
+    assert!(flipped > 1);
+    let third = SourceFile::open_remote(&s.url("m.gguf"), with_cache()).unwrap();
+    assert!(read_all(&third) == data, "a corrupted part was served");
+    let st = third.remote_stats().unwrap();
+    assert!(st.disk.as_ref().unwrap().cache.corrupt > 0, "{st:?}");
+    assert!(st.bytes_fetched >= data.len() as u64 - st.block_size);
+
+    // A new version of the object: none of the old blocks.
+    let mut v2 = data.clone();
+    for b in v2.iter_mut().step_by(97) {
+        *b = b.wrapping_add(1);
+    }
+    s.replace(v2.clone(), "\"v2\"");
+    let fourth = SourceFile::open_remote(&s.url("m.gguf"), with_cache()).unwrap();
+    assert!(
+        read_all(&fourth) == v2,
+        "bytes of the old version were served"
+    );
+    let st = fourth.remote_stats().unwrap();
+    assert_eq!(st.disk.as_ref().unwrap().hits, 0);
 }

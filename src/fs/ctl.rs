@@ -424,6 +424,21 @@ impl TensorFs {
                 r.parts.bytes_used,
                 r.parts.capacity,
             );
+            if let Some(d) = &r.disk {
+                o += &format!(
+                    "           disk cache {}: hits {}, misses {}; whole cache: {} B of {} B \
+                     in {} parts, {} corrupt parts refetched, {} evictions, {} write failures\n",
+                    Escaped(&d.dir.display().to_string()),
+                    d.hits,
+                    d.misses,
+                    d.cache.bytes,
+                    d.cache.limit,
+                    d.cache.entries,
+                    d.cache.corrupt,
+                    d.cache.evictions,
+                    d.cache.write_failures,
+                );
+            }
         }
         if let Some(j) = &self.jobs {
             o += &j.to_text();
@@ -514,6 +529,17 @@ impl TensorFs {
                     "evictions": r.parts.evictions, "bytes_used": r.parts.bytes_used,
                     "capacity": r.parts.capacity,
                 });
+                v["disk_cache"] = match &r.disk {
+                    Some(d) => json!({
+                        "dir": d.dir.display().to_string(),
+                        "hits": d.hits, "misses": d.misses,
+                        "cache_bytes": d.cache.bytes, "cache_limit": d.cache.limit,
+                        "cache_entries": d.cache.entries, "corrupt": d.cache.corrupt,
+                        "evictions": d.cache.evictions, "writes": d.cache.writes,
+                        "write_failures": d.cache.write_failures,
+                    }),
+                    None => Value::Null,
+                };
                 Some(v)
             }).collect::<Vec<_>>(),
             "last_error": lock(&self.ctl.last_error).clone(),

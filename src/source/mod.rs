@@ -36,7 +36,9 @@ pub use argv::hide_url_secrets_in_argv;
 use local::LocalFile;
 pub use parts::PartStats;
 use remote::RemoteFile;
-pub use remote::{Pin, RemoteOptions, RemoteStats, is_remote, redact, stop_runtime};
+pub use remote::{
+    DiskCacheStats, Pin, RemoteOptions, RemoteStats, is_remote, redact, stop_runtime,
+};
 
 /// An open, read-only model file (local or remote) and the version it had
 /// when opened. Readers hold this type and never know where bytes come

@@ -47,6 +47,7 @@ use sha2::{Digest, Sha256};
 
 use super::parts::{BlockCache, Claim, FetchError, Lookup, PartStats};
 use super::{FileTime, SourceVersion};
+use crate::cache::source_parts::{PartKey, SourcePartCache, SourcePartCacheStats};
 use crate::error::{Error, ErrorKind, Result, err};
 
 /// Whether `s` names a remote source (a URL scheme this layer reads).
@@ -143,8 +144,9 @@ impl RemoteOptions {
 
     /// The defaults, with overrides from `RKNOT_REMOTE_PART_SIZE`,
     /// `RKNOT_REMOTE_CACHE_BYTES`, `RKNOT_REMOTE_RETRIES`,
-    /// `RKNOT_REMOTE_BACKOFF_MS` and `RKNOT_REMOTE_TIMEOUT_S` (provisional,
-    /// until mount options and flags exist). Unparsable values are ignored.
+    /// `RKNOT_REMOTE_BACKOFF_MS`, `RKNOT_REMOTE_TIMEOUT_S`,
+    /// `RKNOT_SOURCE_CACHE` (a directory) and `RKNOT_SOURCE_CACHE_BYTES`.
+    /// Unparsable values are ignored.
     pub fn from_env() -> RemoteOptions {
         let num = |k: &str| {
             std::env::var(k)
@@ -164,6 +166,12 @@ impl RemoteOptions {
             timeout: num("RKNOT_REMOTE_TIMEOUT_S")
                 .filter(|&n| n > 0)
                 .map_or(d.timeout, Duration::from_secs),
+            source_cache: std::env::var_os("RKNOT_SOURCE_CACHE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            source_cache_bytes: num("RKNOT_SOURCE_CACHE_BYTES")
+                .filter(|&n| n > 0)
+                .unwrap_or(d.source_cache_bytes),
             ..d
         }
     }
@@ -371,6 +379,18 @@ pub(crate) fn pin_changes(pin: &Pin, now: &Pin) -> Option<String> {
 // ---------------------------------------------------------------------------
 // Counters
 
+/// One source's use of the disk cache, and the cache's own state (shared
+/// by every mount of the host that names its directory).
+#[derive(Debug, Clone)]
+pub struct DiskCacheStats {
+    pub dir: PathBuf,
+    /// Blocks of this source read from the disk cache.
+    pub hits: u64,
+    /// Blocks of this source not there (fetched, then stored).
+    pub misses: u64,
+    pub cache: SourcePartCacheStats,
+}
+
 /// A snapshot of one remote source's counters, for `ctl`.
 #[derive(Debug, Clone)]
 pub struct RemoteStats {
@@ -390,6 +410,8 @@ pub struct RemoteStats {
     pub readahead_bytes: u64,
     /// The memory cache of blocks.
     pub parts: PartStats,
+    /// The disk cache (`--source-cache`), if any.
+    pub disk: Option<DiskCacheStats>,
     pub changed: bool,
 }
 
@@ -400,6 +422,8 @@ struct Counters {
     retries: AtomicU64,
     failures: AtomicU64,
     readahead_bytes: AtomicU64,
+    disk_hits: AtomicU64,
+    disk_misses: AtomicU64,
 }
 
 /// One request's failure: a definite answer, or one worth retrying.
@@ -573,6 +597,9 @@ struct Inner {
     blocks: Arc<BlockCache>,
     counters: Counters,
     changed: OnceLock<String>,
+    /// The persistent cache of blocks (`--source-cache`), shared by every
+    /// source of the process that names the same directory.
+    disk: Option<Arc<SourcePartCache>>,
     /// Requests started and not finished.
     in_flight: AtomicUsize,
     /// Byte ranges of the object a reader declared it reads as units
@@ -707,6 +734,10 @@ impl RemoteFile {
             Some(p) => Some(read_ca_bundle(p).map_err(fail)?),
             None => None,
         };
+        let disk = match &opts.source_cache {
+            Some(dir) => Some(shared_disk_cache(dir, opts.source_cache_bytes)?),
+            None => None,
+        };
         let (rt, generation) = runtime().map_err(fail)?;
         let client = build_client(&target, &opts, ca_pem.as_deref()).map_err(fail)?;
         let geometry = Geometry::of(opts.part_size);
@@ -749,6 +780,7 @@ impl RemoteFile {
             blocks,
             counters,
             changed: OnceLock::new(),
+            disk,
             in_flight: AtomicUsize::new(0),
             extents: RwLock::new(Vec::new()),
             streams: Mutex::new(Streams::default()),
@@ -843,6 +875,12 @@ impl RemoteFile {
             in_flight: i.in_flight.load(Ordering::Relaxed) as u64,
             readahead_bytes: c.readahead_bytes.load(Ordering::Relaxed),
             parts: i.blocks.stats(),
+            disk: i.disk.as_ref().map(|d| DiskCacheStats {
+                dir: d.dir().to_path_buf(),
+                hits: c.disk_hits.load(Ordering::Relaxed),
+                misses: c.disk_misses.load(Ordering::Relaxed),
+                cache: d.stats(),
+            }),
             changed: self.is_changed(),
         }
     }
@@ -887,6 +925,19 @@ impl RemoteFile {
         }
         Ok(())
     }
+}
+
+/// The disk cache at `dir`, one per directory in the process: its size
+/// estimate and eviction are shared by every source that uses it.
+fn shared_disk_cache(dir: &Path, limit: u64) -> Result<Arc<SourcePartCache>> {
+    static CACHES: Mutex<Vec<(PathBuf, Arc<SourcePartCache>)>> = Mutex::new(Vec::new());
+    let mut caches = lock(&CACHES);
+    if let Some((_, c)) = caches.iter().find(|(d, _)| d == dir) {
+        return Ok(c.clone());
+    }
+    let c = SourcePartCache::open(dir, limit)?;
+    caches.push((dir.to_path_buf(), c.clone()));
+    Ok(c)
 }
 
 /// Read a CA bundle (at most 16 MiB: a bundle of every public CA is ~250 KB).
@@ -1059,7 +1110,60 @@ impl Inner {
         });
     }
 
+    /// The disk cache's key of block `index` of the pinned version: the
+    /// redacted URL and the pin (never credentials).
+    fn disk_key<'a>(&'a self, version: &'a str, index: u64) -> PartKey<'a> {
+        PartKey {
+            object: self.display.to_str().unwrap_or(""),
+            version,
+            part_size: self.geometry.block,
+            index,
+        }
+    }
+
+    /// The length of block `index` (the last one may be short).
+    fn block_len(&self, index: u64) -> u64 {
+        let bs = self.geometry.block;
+        self.pin.size.saturating_sub(index * bs).min(bs)
+    }
+
+    /// Bring a claimed run of blocks: those in the disk cache from there
+    /// (checked), the rest by one request per contiguous stretch.
     async fn fetch_run(&self, client: Client, claims: Vec<Claim>) {
+        let version = self.pin.to_string();
+        let mut missing: Vec<Claim> = Vec::with_capacity(claims.len());
+        for c in claims {
+            let from_disk = self.disk.as_ref().and_then(|d| {
+                let len = usize::try_from(self.block_len(c.index)).ok()?;
+                d.get(&self.disk_key(&version, c.index), len)
+            });
+            match from_disk {
+                Some(bytes) => {
+                    self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
+                    c.complete(Ok(bytes));
+                }
+                None => {
+                    if self.disk.is_some() {
+                        self.counters.disk_misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    missing.push(c);
+                }
+            }
+        }
+        while !missing.is_empty() {
+            let stretch = missing
+                .windows(2)
+                .position(|w| w[1].index != w[0].index + 1)
+                .map_or(missing.len(), |i| i + 1);
+            let rest = missing.split_off(stretch);
+            self.fetch_stretch(&client, missing, &version).await;
+            missing = rest;
+        }
+    }
+
+    /// One request for contiguous claimed blocks; the blocks go to the
+    /// waiters, the memory cache and the disk cache.
+    async fn fetch_stretch(&self, client: &Client, claims: Vec<Claim>, version: &str) {
         let (Some(first), Some(last)) = (claims.first(), claims.last()) else {
             return;
         };
@@ -1072,7 +1176,7 @@ impl Inner {
                 format!("block {} lies outside the object", first.index),
             ))
         } else {
-            self.get(&client, start..end).await
+            self.get(client, start..end).await
         };
         match result {
             Ok(body) => {
@@ -1084,9 +1188,13 @@ impl Inner {
                     let b = (a.saturating_add(bs as usize)).min(body.len());
                     if a >= b {
                         c.complete(Err((ErrorKind::Truncated, "short response".into())));
-                    } else {
-                        c.complete(Ok(body.slice(a..b)));
+                        continue;
                     }
+                    let block = body.slice(a..b);
+                    if let Some(d) = &self.disk {
+                        d.put(&self.disk_key(version, c.index), &block);
+                    }
+                    c.complete(Ok(block));
                 }
             }
             Err((kind, m)) => {
