@@ -622,3 +622,75 @@ fn disk_cache_serves_remounts_detects_corruption_and_keeps_versions_apart() {
     let st = fourth.remote_stats().unwrap();
     assert_eq!(st.disk.as_ref().unwrap().hits, 0);
 }
+
+/// Every command reads a layered model whose both files are remote: a
+/// .rknot over http with `--dense` over http. verify, probe, cat and a
+/// layered mount give exactly what the same local files give.
+#[test]
+fn layered_remote_model_in_every_command() {
+    let (rk, gg) = (demo_path("tiny-llama.rknot"), demo_path("tiny-llama.gguf"));
+    let rs = Server::start(std::fs::read(&rk).unwrap());
+    let gs = Server::start(std::fs::read(&gg).unwrap());
+    let (rku, ggu) = (rs.url("m.gguf"), gs.url("m.gguf"));
+    let (rkl, ggl) = (rk.to_str().unwrap(), gg.to_str().unwrap());
+    let run = |args: &[&str]| {
+        let o = Command::new(rknot_bin()).args(args).output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).to_string(),
+        )
+    };
+    // Names in reports differ (URL vs path); everything else must not.
+    let same = |a: (Option<i32>, String), b: (Option<i32>, String)| {
+        let b = (b.0, b.1.replace(&rku, rkl).replace(&ggu, ggl));
+        assert_eq!(a, b);
+    };
+    same(
+        run(&["verify", rkl, "--dense", ggl]),
+        run(&["verify", &rku, "--dense", &ggu]),
+    );
+    // The probe's answer (its timings differ).
+    let answer = |(code, out): (Option<i32>, String)| {
+        let at = out.find("next token").unwrap_or(out.len());
+        (code, out[at..].to_string())
+    };
+    same(
+        answer(run(&[
+            "probe", rkl, "--dense", ggl, "--tokens", "1,2,3", "--top", "5",
+        ])),
+        answer(run(&[
+            "probe", &rku, "--dense", &ggu, "--tokens", "1,2,3", "--top", "5",
+        ])),
+    );
+    let names = tensor_names(&gg);
+    for name in &names[..3] {
+        let l = Command::new(rknot_bin())
+            .args(["cat", rkl, name, "--dense", ggl])
+            .output()
+            .unwrap();
+        let r = Command::new(rknot_bin())
+            .args(["cat", &rku, name, "--dense", &ggu])
+            .output()
+            .unwrap();
+        assert!(l.status.success() && r.status.success());
+        assert!(l.stdout == r.stdout, "{name}");
+    }
+    if !fuse_available() {
+        return;
+    }
+    let a = Mounted::new(&rk, &["--dense", ggl]);
+    let b = Mounted::new(Path::new(&rku), &["--dense", &ggu]);
+    for name in &names {
+        let f = format!("{name}.f32");
+        assert!(
+            std::fs::read(a.path(&f)).unwrap() == std::fs::read(b.path(&f)).unwrap(),
+            "{name}"
+        );
+    }
+    for view in ["model.gguf", "model.safetensors"] {
+        assert!(
+            std::fs::read(a.path(view)).unwrap() == std::fs::read(b.path(view)).unwrap(),
+            "{view}"
+        );
+    }
+}
