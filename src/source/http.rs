@@ -56,14 +56,16 @@ pub(crate) struct RangeResponse {
 /// `GET url` for bytes `want` of the version `pin` (conditional on
 /// `if_match` when given): the response must be a 206 for exactly `want`,
 /// of that version (ETag, size and, without an ETag, Last-Modified), else
-/// the object changed. `want` must not be empty.
+/// the object changed. `want` must not be empty. The body comes back cut
+/// into blocks of `block` bytes (the last may be short).
 pub(crate) async fn get_range(
     client: &reqwest::Client,
     url: &str,
     want: Range<u64>,
+    block: u64,
     pin: &Pin,
     if_match: Option<&str>,
-) -> Result<Bytes, Attempt> {
+) -> Result<Vec<Bytes>, Attempt> {
     let mut req = client
         .get(url)
         .header(RANGE, format!("bytes={}-{}", want.start, want.end - 1));
@@ -126,15 +128,80 @@ pub(crate) async fn get_range(
             ),
         ));
     }
-    let body = resp.bytes().await.map_err(transport_error)?;
-    let n = want.end - want.start;
-    if body.len() as u64 != n {
-        return Err(Attempt::Retry(format!(
-            "truncated body: {} of {n} bytes",
-            body.len()
-        )));
+    let mut resp = resp;
+    let mut blocks = BlockSplitter::new(block, want.end - want.start);
+    while let Some(chunk) = resp.chunk().await.map_err(transport_error)? {
+        blocks.push(&chunk)?;
     }
-    Ok(body)
+    blocks.finish()
+}
+
+/// Cuts a response body into blocks of the cache's size as it arrives:
+/// each block its own allocation (so the memory cache's byte count is what
+/// it holds, whichever blocks it evicts), one copy of every byte in all.
+pub(crate) struct BlockSplitter {
+    block: usize,
+    expect: u64,
+    got: u64,
+    current: bytes::BytesMut,
+    done: Vec<Bytes>,
+}
+
+impl BlockSplitter {
+    pub(crate) fn new(block: u64, expect: u64) -> BlockSplitter {
+        let block = usize::try_from(block).unwrap_or(usize::MAX).max(1);
+        BlockSplitter {
+            block,
+            expect,
+            got: 0,
+            current: bytes::BytesMut::new(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Take the next piece of the body; more bytes than asked for is an
+    /// error (never trusted, never stored).
+    pub(crate) fn push(&mut self, mut chunk: &[u8]) -> Result<(), Attempt> {
+        self.got += chunk.len() as u64;
+        if self.got > self.expect {
+            return Err(Attempt::Final(
+                ErrorKind::Io,
+                format!(
+                    "the body is longer than the {} bytes asked for",
+                    self.expect
+                ),
+            ));
+        }
+        while !chunk.is_empty() {
+            if self.current.is_empty() {
+                let left = self.expect - (self.got - chunk.len() as u64);
+                let cap = (self.block as u64).min(left);
+                self.current
+                    .reserve(usize::try_from(cap).unwrap_or(self.block));
+            }
+            let n = (self.block - self.current.len()).min(chunk.len());
+            self.current.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            if self.current.len() == self.block {
+                self.done.push(std::mem::take(&mut self.current).freeze());
+            }
+        }
+        Ok(())
+    }
+
+    /// The blocks, once the body is complete; a short body is retried.
+    pub(crate) fn finish(mut self) -> Result<Vec<Bytes>, Attempt> {
+        if self.got != self.expect {
+            return Err(Attempt::Retry(format!(
+                "truncated body: {} of {} bytes",
+                self.got, self.expect
+            )));
+        }
+        if !self.current.is_empty() {
+            self.done.push(self.current.freeze());
+        }
+        Ok(self.done)
+    }
 }
 
 /// The first bytes of the object, up to `want_len`, and its version: how a

@@ -41,10 +41,12 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
 use sha2::{Digest, Sha256};
 
+use super::http::BlockSplitter;
 use super::parts::{BlockCache, Claim, FetchError, Lookup, PartStats};
 use super::{FileTime, SourceVersion};
 use crate::cache::source_parts::{PartKey, SourcePartCache, SourcePartCacheStats};
@@ -687,9 +689,10 @@ async fn store_get(
     store: &dyn ObjectStore,
     location: &ObjPath,
     want: Range<u64>,
+    block: u64,
     pin: &Pin,
     if_match: Option<String>,
-) -> std::result::Result<Bytes, Attempt> {
+) -> std::result::Result<Vec<Bytes>, Attempt> {
     let opts = GetOptions {
         range: Some(GetRange::Bounded(want.clone())),
         if_match,
@@ -709,15 +712,12 @@ async fn store_get(
             ),
         ));
     }
-    let body = res.bytes().await.map_err(classify)?;
-    let n = want.end - want.start;
-    if body.len() as u64 != n {
-        return Err(Attempt::Retry(format!(
-            "truncated body: {} of {n} bytes",
-            body.len()
-        )));
+    let mut blocks = BlockSplitter::new(block, want.end - want.start);
+    let mut body = res.into_stream();
+    while let Some(chunk) = body.next().await {
+        blocks.push(&chunk.map_err(classify)?)?;
     }
-    Ok(body)
+    blocks.finish()
 }
 
 impl RemoteFile {
@@ -1179,18 +1179,15 @@ impl Inner {
             self.get(client, start..end).await
         };
         match result {
-            Ok(body) => {
-                self.counters
-                    .bytes_fetched
-                    .fetch_add(body.len() as u64, Ordering::Relaxed);
+            Ok(blocks) => {
+                let n: u64 = blocks.iter().map(|b| b.len() as u64).sum();
+                self.counters.bytes_fetched.fetch_add(n, Ordering::Relaxed);
+                let mut blocks = blocks.into_iter();
                 for c in claims {
-                    let a = usize::try_from(c.index * bs - start).unwrap_or(usize::MAX);
-                    let b = (a.saturating_add(bs as usize)).min(body.len());
-                    if a >= b {
+                    let Some(block) = blocks.next() else {
                         c.complete(Err((ErrorKind::Truncated, "short response".into())));
                         continue;
-                    }
-                    let block = body.slice(a..b);
+                    };
                     if let Some(d) = &self.disk {
                         d.put(&self.disk_key(version, c.index), &block);
                     }
@@ -1208,18 +1205,19 @@ impl Inner {
         }
     }
 
-    /// Bytes `want` of the pinned version, with retries.
+    /// Bytes `want` of the pinned version, in blocks, with retries.
     async fn get(
         &self,
         client: &Client,
         want: Range<u64>,
-    ) -> std::result::Result<Bytes, FetchError> {
+    ) -> std::result::Result<Vec<Bytes>, FetchError> {
+        let block = self.geometry.block;
         let what = format!("GET bytes {}-{}", want.start, want.end - 1);
         let if_match = self.if_match.as_deref();
         match client {
             Client::Http(c) => {
                 retrying(&self.counters, &self.opts, &self.display, &what, || {
-                    super::http::get_range(c, &self.url, want.clone(), &self.pin, if_match)
+                    super::http::get_range(c, &self.url, want.clone(), block, &self.pin, if_match)
                 })
                 .await
             }
@@ -1229,6 +1227,7 @@ impl Inner {
                         s.as_ref(),
                         &self.location,
                         want.clone(),
+                        block,
                         &self.pin,
                         self.if_match.clone(),
                     )
