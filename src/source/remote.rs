@@ -1291,11 +1291,11 @@ mod tests {
         let (t, l) = parse_url("s3://models/q/7b.rknot").unwrap();
         assert!(matches!(t, Target::S3 { ref bucket } if bucket == "models"));
         assert_eq!(l.as_ref(), "q/7b.rknot");
-        assert!(
-            parse_url("https://h/x?sig=1")
-                .unwrap_err()
-                .contains("query")
-        );
+        // Presigned https URLs keep their query (in requests only); s3://
+        // URLs take none.
+        assert!(parse_url("https://h/x?sig=1").is_ok());
+        assert!(parse_url("s3://b/x?sig=1").unwrap_err().contains("query"));
+        assert!(parse_url("https://h/x#f").is_err());
         assert!(
             parse_url("https://u:p@h/x")
                 .unwrap_err()
