@@ -694,3 +694,155 @@ fn layered_remote_model_in_every_command() {
         );
     }
 }
+
+/// A small HTTPS server with Range and ETag (Python's ssl + http.server),
+/// serving one file as /m.gguf with the certificate given.
+const HTTPS_SERVER: &str = r#"
+import http.server, ssl, sys, os
+path, cert, key = sys.argv[1], sys.argv[2], sys.argv[3]
+data = open(path, "rb").read()
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def do_GET(self):
+        r = self.headers.get("Range", "")
+        if self.path.split("?")[0] != "/m.gguf" or not r.startswith("bytes="):
+            self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers(); return
+        a, b = r[6:].split("-")
+        a, b = int(a), min(int(b), len(data) - 1)
+        body = data[a:b + 1]
+        self.send_response(206)
+        self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", '"tls1"')
+        self.end_headers()
+        self.wfile.write(body)
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+s.socket = ctx.wrap_socket(s.socket, server_side=True)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#;
+
+/// https: the certificate is verified. A server whose certificate no
+/// trusted CA signed is refused with a clear error (there is no option to
+/// skip verification); with `--ca-bundle` naming its CA, it is read.
+#[test]
+fn https_verifies_certificates_and_takes_a_ca_bundle() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    let (ca, ca_key, cert, key, csr) = (
+        p("ca.pem"),
+        p("ca.key"),
+        p("cert.pem"),
+        p("key.pem"),
+        p("c.csr"),
+    );
+    let openssl = |args: &[&std::ffi::OsStr]| {
+        let o = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl (tools/test.sh installs it)");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let s = |v: &'static str| std::ffi::OsStr::new(v);
+    // A CA, and a server certificate for 127.0.0.1 that it signs.
+    openssl(&[
+        s("req"),
+        s("-x509"),
+        s("-newkey"),
+        s("rsa:2048"),
+        s("-nodes"),
+        s("-days"),
+        s("1"),
+        s("-subj"),
+        s("/CN=rknot test CA"),
+        s("-keyout"),
+        ca_key.as_os_str(),
+        s("-out"),
+        ca.as_os_str(),
+    ]);
+    openssl(&[
+        s("req"),
+        s("-newkey"),
+        s("rsa:2048"),
+        s("-nodes"),
+        s("-subj"),
+        s("/CN=127.0.0.1"),
+        s("-keyout"),
+        key.as_os_str(),
+        s("-out"),
+        csr.as_os_str(),
+    ]);
+    let ext = p("ext.cnf");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    openssl(&[
+        s("x509"),
+        s("-req"),
+        s("-in"),
+        csr.as_os_str(),
+        s("-CA"),
+        ca.as_os_str(),
+        s("-CAkey"),
+        ca_key.as_os_str(),
+        s("-CAcreateserial"),
+        s("-days"),
+        s("1"),
+        s("-extfile"),
+        ext.as_os_str(),
+        s("-out"),
+        cert.as_os_str(),
+    ]);
+    let local = demo_path("tiny-llama.gguf");
+    let mut server = Command::new("python3")
+        .arg("-c")
+        .arg(HTTPS_SERVER)
+        .arg(&local)
+        .arg(&cert)
+        .arg(&key)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut port)
+        .unwrap();
+    let url = format!("https://127.0.0.1:{}/m.gguf", port.trim());
+    let refused = SourceFile::open_remote(&url, opts(64 << 10));
+    let with_ca = SourceFile::open_remote(
+        &url,
+        RemoteOptions {
+            ca_bundle: Some(ca.clone()),
+            ..opts(64 << 10)
+        },
+    );
+    let not_pem = std::fs::write(dir.path().join("junk.pem"), "not a certificate");
+    let junk = SourceFile::open_remote(
+        &url,
+        RemoteOptions {
+            ca_bundle: Some(dir.path().join("junk.pem")),
+            ..opts(64 << 10)
+        },
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    not_pem.unwrap();
+    let e = refused.unwrap_err().to_string();
+    assert!(
+        e.starts_with(&url) && e.to_lowercase().contains("certificate"),
+        "{e}"
+    );
+    let src = with_ca.unwrap();
+    let data = std::fs::read(&local).unwrap();
+    let mut head = vec![0u8; 4096.min(data.len())];
+    src.read_at(0, &mut head).unwrap();
+    assert!(head[..] == data[..head.len()]);
+    let e = junk.unwrap_err().to_string();
+    assert!(e.contains("CA bundle"), "{e}");
+}

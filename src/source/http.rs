@@ -314,6 +314,16 @@ fn transport_error(e: reqwest::Error) -> Attempt {
         }
         src = s.source();
     }
+    // A certificate that does not verify will not verify on a retry.
+    if msg.contains("certificate") {
+        return Attempt::Final(
+            ErrorKind::Io,
+            format!(
+                "{msg} (TLS certificates are always verified: give the CA that signed the \
+                 server's certificate with --ca-bundle)"
+            ),
+        );
+    }
     Attempt::Retry(msg)
 }
 
