@@ -44,6 +44,13 @@ pub fn init(default_level: &str, target: Option<std::fs::File>) {
             Escaped(&record.args().to_string())
         )
     });
+    // The HTTP client's own debug lines print request URLs whole, and a
+    // presigned URL's query string is a credential: those crates stay at
+    // warn whatever RUST_LOG says (set after the environment's filters, so
+    // these win). rknot's own lines name URLs redacted.
+    for module in ["reqwest", "hyper", "hyper_util", "h2"] {
+        b.filter_module(module, log::LevelFilter::Warn);
+    }
     if let Some(f) = target {
         b.target(env_logger::Target::Pipe(Box::new(f)));
     }

@@ -31,12 +31,14 @@ case ${RKNOT_ALLOW_SKIP:-} in "" | 0) ;; *) allow_skip=true ;; esac
 step "set-up: system packages, test model, Python packages, llama.cpp tools"
 # fuse3 (mount tests), rsync (the mount's rsync -a check), systemd
 # (systemd-analyze verify of the unit), strace (the order of rknot-mount's
-# checks on a hung mount): installed when missing and possible.
+# checks on a hung mount), openssl (a test CA and server certificate for the
+# https checks): installed when missing and possible.
 missing=""
 command -v fusermount3 >/dev/null || missing="$missing fuse3"
 command -v rsync >/dev/null || missing="$missing rsync"
 command -v systemd-analyze >/dev/null || missing="$missing systemd"
 command -v strace >/dev/null || missing="$missing strace"
+command -v openssl >/dev/null || missing="$missing openssl"
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null

@@ -225,6 +225,39 @@ pub trait Backend: Send + Sync {
     fn stored_ranges(&self, index: usize) -> Option<StoredRanges<'_>>;
 }
 
+/// Tell each remote source file of `backend` where its tensors' stored
+/// bytes are (one extent per tensor, from its first stored byte to its
+/// last): a remote source's read-ahead stays inside the tensor a reader
+/// is in, so reading one tensor fetches little more than its bytes.
+pub fn declare_extents(backend: &dyn Backend) {
+    let mut per_file: Vec<(&SourceFile, Vec<std::ops::Range<u64>>)> = Vec::new();
+    for index in 0..backend.tensors().len() {
+        let Some(stored) = backend.stored_ranges(index) else {
+            continue;
+        };
+        if !stored.file.is_remote() {
+            continue;
+        }
+        let (Some(start), Some(end)) = (
+            stored.ranges.iter().map(|r| r.start).min(),
+            stored.ranges.iter().map(|r| r.end).max(),
+        ) else {
+            continue;
+        };
+        let hull = start..end;
+        match per_file
+            .iter_mut()
+            .find(|(f, _)| std::ptr::eq(*f, stored.file))
+        {
+            Some((_, v)) => v.push(hull),
+            None => per_file.push((stored.file, vec![hull])),
+        }
+    }
+    for (file, extents) in per_file {
+        file.set_extents(extents);
+    }
+}
+
 /// A tensor's stored bytes in its source file: absolute byte ranges, in
 /// format order, adjacent ranges merged.
 #[derive(Debug, Clone)]

@@ -65,12 +65,14 @@ impl ParsedFile {
 
     /// The backend serving this file in `role`.
     pub fn into_backend(self, role: Role) -> Result<Box<dyn Backend>> {
-        Ok(match self {
+        let backend: Box<dyn Backend> = match self {
             ParsedFile::Rknot(src, f) => Box::new(RknotBackend::new(src, f, role)?),
             ParsedFile::Sk32(src, f) => Box::new(SketchBackend::new(src, f, role)?),
             ParsedFile::DenseKnot(src, f) => Box::new(DenseBackend::from_knot(src, f, role)?),
             ParsedFile::Gguf(src, g) => Box::new(DenseBackend::from_gguf(src, g, role)?),
-        })
+        };
+        super::declare_extents(backend.as_ref());
+        Ok(backend)
     }
 }
 

@@ -13,12 +13,14 @@ use rknot::mount::{self, cli::MountCli, helper};
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Copied above; now out of `ps` (presigned URLs' signatures).
+    rknot::source::hide_url_secrets_in_argv();
     if let Some((argv0, rest)) = args.split_first()
         && helper::invoked_as_helper(argv0)
     {
         return helper::run(rest);
     }
-    let c = MountCli::parse();
+    let c = MountCli::parse_from(&args);
     // Usage errors exit 2, whether clap or the -o parser finds them.
     if let Err(e) = c.check_options() {
         MountCli::command()

@@ -283,7 +283,10 @@ enum BenchCmd {
 
 fn main() -> ExitCode {
     rknot::logging::init("warn", None);
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Copied above; now out of `ps` (presigned URLs' signatures).
+    rknot::source::hide_url_secrets_in_argv();
+    let cli = Cli::parse_from(args);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast::<Usage>() {

@@ -1,9 +1,13 @@
 //! Caches of the daemon. `decoded`: decoded chunks of tensors (f32),
 //! bounded in bytes, decoded once however many readers miss them; every
 //! read of the mount goes through it. `store`: whole decoded files on disk
-//! (`--decoded-cache`), served by FUSE passthrough.
+//! (`--decoded-cache`), served by FUSE passthrough. `source_parts`: parts
+//! of remote sources on disk (`--source-cache`), shared by the mounts of a
+//! host. `dir`: the private directory both disk caches live in.
 
 mod decoded;
+mod dir;
+pub mod source_parts;
 pub mod store;
 
 use std::sync::{Mutex, MutexGuard};

@@ -49,18 +49,18 @@
 //!   rename replaces the first with identical bytes.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use super::dir::{CacheDir, last_os_error};
 use super::lock;
 use crate::error::{Error, ErrorKind, Result, err};
 use crate::source::SourceVersion;
@@ -187,8 +187,7 @@ struct Counters {
 }
 
 pub struct DecodedStore {
-    dir: File,
-    path: PathBuf,
+    dir: CacheDir,
     limit: AtomicU64,
     /// Entries checked (or written) by this process.
     checked: Mutex<HashSet<String>>,
@@ -197,22 +196,13 @@ pub struct DecodedStore {
     flights: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// Making room is one at a time in this process.
     room: Mutex<()>,
-    next_tmp: AtomicU64,
     counters: Counters,
 }
 
 impl std::fmt::Debug for DecodedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DecodedStore({})", self.path.display())
+        write!(f, "DecodedStore({})", self.dir.path().display())
     }
-}
-
-fn cstr(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| err(ErrorKind::BadValue, "NUL in a file name"))
-}
-
-fn last_os_error() -> io::Error {
-    io::Error::last_os_error()
 }
 
 /// `flock` on an open file.
@@ -225,13 +215,6 @@ fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// Whether process `pid` exists (on this host's PID namespace).
-fn process_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission.
-    let alive = unsafe { libc::kill(pid, 0) } == 0;
-    alive || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 impl DecodedStore {
     /// Open (creating it, mode 0700) the store in `dir`, holding at most
     /// `limit` bytes of data (default: what it holds now plus 90% of the
@@ -239,74 +222,20 @@ impl DecodedStore {
     /// not a directory, a directory of another user or one that group or
     /// others may access.
     pub fn open(dir: &Path, limit: Option<u64>) -> Result<DecodedStore> {
-        let c = CString::new(dir.as_os_str().as_encoded_bytes())
-            .map_err(|_| err(ErrorKind::BadValue, "NUL in the path").path(dir))?;
-        // SAFETY: a valid C string; mkdir does not keep it.
-        if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
-            let e = last_os_error();
-            if e.kind() != io::ErrorKind::AlreadyExists {
-                return Err(Error::io(
-                    dir,
-                    "cannot create the decoded cache directory",
-                    e,
-                ));
-            }
-        }
-        // SAFETY: a valid C string; the descriptor returned is owned below.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(Error::io(
-                dir,
-                "cannot open the decoded cache directory (a symlink or not a directory?)",
-                last_os_error(),
-            ));
-        }
-        // SAFETY: `fd` is a new descriptor nobody else owns.
-        let dir_file = unsafe { File::from_raw_fd(fd) };
-        let m = dir_file
-            .metadata()
-            .map_err(|e| Error::io(dir, "cannot stat", e))?;
-        // SAFETY: geteuid cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        if m.uid() != euid {
-            return Err(err(
-                ErrorKind::Io,
-                format!(
-                    "the decoded cache directory belongs to uid {}, not to this user ({euid}): \
-                     its entries could not be trusted",
-                    m.uid()
-                ),
-            )
-            .path(dir));
-        }
-        if m.mode() & 0o077 != 0 {
-            return Err(err(
-                ErrorKind::Io,
-                format!(
-                    "the decoded cache directory has mode {:o}: others could plant entries \
-                     (chmod 700 it)",
-                    m.mode() & 0o7777
-                ),
-            )
-            .path(dir));
-        }
+        let dir_file = CacheDir::open(dir, "decoded cache")?;
         let store = DecodedStore {
             dir: dir_file,
-            path: dir.to_path_buf(),
             limit: AtomicU64::new(limit.unwrap_or(u64::MAX)),
             checked: Mutex::new(HashSet::new()),
             flights: Mutex::new(HashMap::new()),
             room: Mutex::new(()),
-            next_tmp: AtomicU64::new(0),
             counters: Counters::default(),
         };
         if limit.is_none() {
-            let free = free_bytes(&store.dir).map_err(|e| Error::io(dir, "cannot statvfs", e))?;
+            let free = store
+                .dir
+                .free_bytes()
+                .map_err(|e| Error::io(dir, "cannot statvfs", e))?;
             let held = store.inventory().1;
             store
                 .limit
@@ -316,121 +245,28 @@ impl DecodedStore {
     }
 
     pub fn dir(&self) -> &Path {
-        &self.path
+        self.dir.path()
     }
 
     pub fn limit(&self) -> u64 {
         self.limit.load(Ordering::Relaxed)
     }
 
-    /// Names in the directory.
     fn names(&self) -> Vec<String> {
-        // A second descriptor for the listing: fdopendir takes ownership.
-        // SAFETY: dup of a descriptor we own; fdopendir owns the copy and
-        // closedir closes it.
-        let mut out = Vec::new();
-        unsafe {
-            let fd = libc::dup(self.dir.as_raw_fd());
-            if fd < 0 {
-                return out;
-            }
-            let d = libc::fdopendir(fd);
-            if d.is_null() {
-                libc::close(fd);
-                return out;
-            }
-            libc::rewinddir(d);
-            loop {
-                let e = libc::readdir(d);
-                if e.is_null() {
-                    break;
-                }
-                let name = CStr::from_ptr((*e).d_name.as_ptr());
-                if let Ok(s) = name.to_str()
-                    && s != "."
-                    && s != ".."
-                {
-                    out.push(s.to_string());
-                }
-            }
-            libc::closedir(d);
-        }
-        out
+        self.dir.names()
     }
 
-    /// Open `name` in the store (no symlinks followed).
     fn open_at(&self, name: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<File> {
-        let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: a valid C string and our directory descriptor; the new
-        // descriptor is owned by the File.
-        let fd = unsafe {
-            libc::openat(
-                self.dir.as_raw_fd(),
-                c.as_ptr(),
-                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                mode as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(last_os_error());
-        }
-        // SAFETY: a new descriptor nobody else owns.
-        Ok(unsafe { File::from_raw_fd(fd) })
+        self.dir.open_at(name, flags, mode)
     }
 
     fn unlink(&self, name: &str) {
-        if let Ok(c) = cstr(name) {
-            // SAFETY: a valid C string and our directory descriptor.
-            unsafe { libc::unlinkat(self.dir.as_raw_fd(), c.as_ptr(), 0) };
-        }
-    }
-
-    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-        let (f, t) = (
-            CString::new(from).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-            CString::new(to).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-        );
-        let d = self.dir.as_raw_fd();
-        // SAFETY: valid C strings and our directory descriptor.
-        if unsafe { libc::renameat(d, f.as_ptr(), d, t.as_ptr()) } == 0 {
-            Ok(())
-        } else {
-            Err(last_os_error())
-        }
-    }
-
-    /// `fstatat` of `name` (not following a symlink): (inode, size).
-    fn stat_at(&self, name: &str) -> Option<(u64, u64, libc::mode_t)> {
-        let c = cstr(name).ok()?;
-        // SAFETY: a valid C string, our directory and a buffer we own.
-        unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstatat(
-                self.dir.as_raw_fd(),
-                c.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            ) != 0
-            {
-                return None;
-            }
-            #[allow(clippy::unnecessary_cast)]
-            Some((st.st_ino as u64, st.st_size as u64, st.st_mode))
-        }
+        self.dir.unlink(name);
     }
 
     /// Remove temporary files whose writer is gone (killed mid-decode).
     pub fn remove_stale_temporaries(&self) {
-        for n in self.names() {
-            let Some(rest) = n.strip_prefix(".tmp.") else {
-                continue;
-            };
-            let pid = rest.split('.').nth(1).and_then(|p| p.parse::<i32>().ok());
-            if pid.is_some_and(|p| !process_alive(p)) {
-                log::info!("decoded cache: removing {n}, left by a process that is gone");
-                self.unlink(&n);
-            }
-        }
+        self.dir.remove_stale_temporaries();
     }
 
     /// Remove entries decoded from another version of one of `ours` (same
@@ -497,13 +333,13 @@ impl DecodedStore {
         let mut total = 0u64;
         for n in &names {
             if n.starts_with(".tmp.") && n.ends_with(".data") {
-                total = total.saturating_add(self.stat_at(n).map_or(0, |s| s.1));
+                total = total.saturating_add(self.dir.stat_at(n).map_or(0, |s| s.size));
                 continue;
             }
             let Some(stem) = n.strip_suffix(".data") else {
                 continue;
             };
-            let size = self.stat_at(n).map_or(0, |s| s.1);
+            let size = self.dir.stat_at(n).map_or(0, |s| s.size);
             total = total.saturating_add(size);
             let meta = format!("{stem}.meta");
             let used = self
@@ -561,7 +397,7 @@ impl DecodedStore {
                     self.limit()
                 ),
             )
-            .path(&self.path));
+            .path(self.dir.path()));
         }
         let t = Instant::now();
         let r = self.build(key, size, build);
@@ -624,13 +460,13 @@ impl DecodedStore {
         // may have unlinked it between our open and our lock.
         flock(&file, libc::LOCK_SH).ok()?;
         let m = file.metadata().ok()?;
-        if self.stat_at(&data).map(|s| s.0) != Some(m.ino()) {
+        if self.dir.stat_at(&data).map(|s| s.ino) != Some(m.ino()) {
             return None;
         }
         let bad = |why: String| {
             log::warn!(
                 "decoded cache: entry {stem} in {} is bad ({why}): removed, decoding again",
-                self.path.display()
+                self.dir.path().display()
             );
             self.counters.corrupt.fetch_add(1, Ordering::Relaxed);
             lock(&self.checked).remove(stem);
@@ -642,7 +478,7 @@ impl DecodedStore {
         if let Err(why) = accept(&meta) {
             return bad(why);
         }
-        if !m.is_file() || m.uid() != self.dir.metadata().ok()?.uid() {
+        if !m.is_file() || m.uid() != self.dir.uid() {
             return bad("not a regular file of this user".into());
         }
         let size = m.len();
@@ -707,8 +543,7 @@ impl DecodedStore {
         build: impl FnOnce(&File) -> Result<u32>,
     ) -> Result<Entry> {
         let stem = &key.name;
-        let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let tmp = format!(".tmp.{stem}.{}.{n}", std::process::id());
+        let tmp = self.dir.temp_name(stem, "");
         let (tmp_data, tmp_meta) = (format!("{tmp}.data"), format!("{tmp}.meta"));
         // Removes the temporaries on every way out but success (errors and
         // a panicking decoder alike).
@@ -723,7 +558,7 @@ impl DecodedStore {
             }
         }
         let mut cleanup = Cleanup(self, [&tmp_data, &tmp_meta], false);
-        let io = |what: &str, e: io::Error| Error::io(&self.path.join(&tmp_data), what, e);
+        let io = |what: &str, e: io::Error| Error::io(&self.dir.path().join(&tmp_data), what, e);
         let create = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
         let f = self
             .open_at(&tmp_data, create, 0o600)
@@ -736,7 +571,7 @@ impl DecodedStore {
                 ErrorKind::Io,
                 format!("decoded {len} B, expected {size} B (a bug)"),
             )
-            .path(&self.path.join(&tmp_data)));
+            .path(&self.dir.path().join(&tmp_data)));
         }
         drop(f);
         let meta = json!({"key": key.json, "size": size, "crc32": crc});
@@ -751,16 +586,18 @@ impl DecodedStore {
             .map_err(|e| io("cannot write", e))?;
         drop(m);
         let data = format!("{stem}.data");
-        self.rename(&tmp_data, &data)
+        self.dir
+            .rename(&tmp_data, &data)
             .map_err(|e| io("cannot rename", e))?;
-        self.rename(&tmp_meta, &format!("{stem}.meta"))
+        self.dir
+            .rename(&tmp_meta, &format!("{stem}.meta"))
             .map_err(|e| io("cannot rename", e))?;
         cleanup.2 = true;
         let file = self
             .open_at(&data, libc::O_RDONLY, 0)
-            .map_err(|e| Error::io(&self.path.join(&data), "cannot reopen", e))?;
+            .map_err(|e| Error::io(&self.dir.path().join(&data), "cannot reopen", e))?;
         flock(&file, libc::LOCK_SH)
-            .map_err(|e| Error::io(&self.path.join(&data), "cannot lock", e))?;
+            .map_err(|e| Error::io(&self.dir.path().join(&data), "cannot lock", e))?;
         Ok(Entry {
             file,
             size,
@@ -792,19 +629,6 @@ impl DecodedStore {
             corrupt: get(&c.corrupt),
             too_large: get(&c.too_large),
         }
-    }
-}
-
-/// Bytes an unprivileged writer may still allocate on `dir`'s filesystem.
-fn free_bytes(dir: &File) -> io::Result<u64> {
-    // SAFETY: fstatvfs fills the zeroed buffer we own.
-    unsafe {
-        let mut s: libc::statvfs = std::mem::zeroed();
-        if libc::fstatvfs(dir.as_raw_fd(), &mut s) != 0 {
-            return Err(last_os_error());
-        }
-        #[allow(clippy::unnecessary_cast)]
-        Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
     }
 }
 

@@ -404,8 +404,9 @@ impl TensorFs {
         );
         for r in b.source_files().iter().filter_map(|f| f.remote_stats()) {
             o += &format!(
-                "remote:    {} ({}{}): fetched {} B in {} requests ({} retries, {} failures), \
-                 parts of {} B: hits {}, misses {} ({} waited), {} B of {} B cached\n",
+                "remote:    {} ({}{}): fetched {} B in {} requests ({} retries, {} failures, \
+                 {} under way, {} B read ahead); blocks of {} B (parts of {} B) in memory: \
+                 hits {}, misses {} ({} waited), {} B of {} B\n",
                 Escaped(&r.url),
                 Escaped(&r.pinned),
                 if r.changed { ", CHANGED" } else { "" },
@@ -413,6 +414,9 @@ impl TensorFs {
                 r.requests,
                 r.retries,
                 r.failures,
+                r.in_flight,
+                r.readahead_bytes,
+                r.block_size,
                 r.part_size,
                 r.parts.hits,
                 r.parts.misses,
@@ -420,6 +424,21 @@ impl TensorFs {
                 r.parts.bytes_used,
                 r.parts.capacity,
             );
+            if let Some(d) = &r.disk {
+                o += &format!(
+                    "           disk cache {}: hits {}, misses {}; whole cache: {} B of {} B \
+                     in {} parts, {} corrupt parts refetched, {} evictions, {} write failures\n",
+                    Escaped(&d.dir.display().to_string()),
+                    d.hits,
+                    d.misses,
+                    d.cache.bytes,
+                    d.cache.limit,
+                    d.cache.entries,
+                    d.cache.corrupt,
+                    d.cache.evictions,
+                    d.cache.write_failures,
+                );
+            }
         }
         if let Some(j) = &self.jobs {
             o += &j.to_text();
@@ -497,22 +516,48 @@ impl TensorFs {
             "decoded_cache": self.decoded().map(|d| d.status_json()),
             "remote": b.source_files().iter().filter_map(|f| {
                 let r = f.remote_stats()?;
-                let pin = f.remote_pin()?;
-                Some(json!({
-                    "url": r.url,
-                    "pinned": {"etag": pin.etag, "size": pin.size, "last_modified": pin.last_modified.to_string()},
-                    "changed": r.changed,
-                    "part_size": r.part_size,
-                    "bytes_fetched": r.bytes_fetched, "requests": r.requests,
-                    "retries": r.retries, "failures": r.failures,
-                    "part_cache": {
-                        "hits": r.parts.hits, "misses": r.parts.misses, "waits": r.parts.waits,
-                        "evictions": r.parts.evictions, "bytes_used": r.parts.bytes_used,
-                        "capacity": r.parts.capacity,
-                    },
-                }))
+                let mut v = remote_identity_json(f)?;
+                v["changed"] = json!(r.changed);
+                v["bytes_fetched"] = json!(r.bytes_fetched);
+                v["requests"] = json!(r.requests);
+                v["retries"] = json!(r.retries);
+                v["failures"] = json!(r.failures);
+                v["in_flight"] = json!(r.in_flight);
+                v["readahead_bytes"] = json!(r.readahead_bytes);
+                v["memory_cache"] = json!({
+                    "hits": r.parts.hits, "misses": r.parts.misses, "waits": r.parts.waits,
+                    "evictions": r.parts.evictions, "bytes_used": r.parts.bytes_used,
+                    "capacity": r.parts.capacity,
+                });
+                v["disk_cache"] = match &r.disk {
+                    Some(d) => json!({
+                        "dir": d.dir.display().to_string(),
+                        "hits": d.hits, "misses": d.misses,
+                        "cache_bytes": d.cache.bytes, "cache_limit": d.cache.limit,
+                        "cache_entries": d.cache.entries, "corrupt": d.cache.corrupt,
+                        "evictions": d.cache.evictions, "writes": d.cache.writes,
+                        "write_failures": d.cache.write_failures,
+                    }),
+                    None => Value::Null,
+                };
+                Some(v)
             }).collect::<Vec<_>>(),
             "last_error": lock(&self.ctl.last_error).clone(),
         })
     }
+}
+
+/// What identifies a remote source and how it is read, for `ctl.json` and
+/// `index.json` (which holds nothing that changes while mounted): the
+/// redacted URL, the pinned version, part and block sizes. None for a
+/// local file.
+pub(super) fn remote_identity_json(f: &crate::source::SourceFile) -> Option<Value> {
+    let r = f.remote_stats()?;
+    let pin = f.remote_pin()?;
+    Some(json!({
+        "url": r.url,
+        "pinned": {"etag": pin.etag, "size": pin.size, "last_modified": pin.last_modified.to_string()},
+        "part_size": r.part_size,
+        "block_size": r.block_size,
+    }))
 }

@@ -131,6 +131,16 @@ impl IndexJson {
                 .map(|(name, why)| json!({"name": name, "reason": why}))
                 .collect();
         }
+        // Remote sources: what they are and which version is served (the
+        // counters change while mounted: they are in ctl.json).
+        let remote: Vec<Value> = b
+            .source_files()
+            .into_iter()
+            .filter_map(super::ctl::remote_identity_json)
+            .collect();
+        if !remote.is_empty() {
+            v["remote"] = json!(remote);
+        }
         v["views"] = views_value(b, &ns.formats, &ns.views);
         v["views"]["hf"] = hf_value(ns);
         v["version"] = json!(env!("CARGO_PKG_VERSION"));

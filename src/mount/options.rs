@@ -208,7 +208,15 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
 /// pastes it unescaped into fusermount3's comma-separated `-o` list
 /// otherwise; there it must be escaped.
 pub fn fuser_options(o: &MountOpts, source: &str, via_fusermount: bool) -> Vec<MountOption> {
-    let fsname = o.fsname.clone().unwrap_or_else(|| source.to_string());
+    // The source is shown to every user (/proc/mounts): a URL's secrets
+    // (presigned query strings, userinfo) are left out.
+    let fsname = o.fsname.clone().unwrap_or_else(|| {
+        if crate::source::is_remote(source) {
+            crate::source::redact(source)
+        } else {
+            source.to_string()
+        }
+    });
     let fsname = if via_fusermount {
         escape_fusermount_value(&fsname)
     } else {

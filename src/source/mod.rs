@@ -21,6 +21,8 @@
 //! `Changed` error (ESTALE at the filesystem), and it is sticky: once a
 //! source is seen changed, nothing more is read from it.
 
+mod argv;
+mod http;
 mod local;
 mod parts;
 mod remote;
@@ -30,10 +32,13 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use crate::error::{ErrorKind, Result, err};
+pub use argv::hide_url_secrets_in_argv;
 use local::LocalFile;
 pub use parts::PartStats;
 use remote::RemoteFile;
-pub use remote::{Pin, RemoteOptions, RemoteStats, is_remote, redact, stop_runtime};
+pub use remote::{
+    DiskCacheStats, Pin, RemoteOptions, RemoteStats, is_remote, redact, stop_runtime,
+};
 
 /// An open, read-only model file (local or remote) and the version it had
 /// when opened. Readers hold this type and never know where bytes come
@@ -150,6 +155,21 @@ impl SourceFile {
     /// Check that `[offset, offset + len)` lies inside the file.
     pub fn check_range(&self, offset: u64, len: u64, what: &str) -> Result<()> {
         check_range(self.path(), self.len(), offset, len, what)
+    }
+
+    /// Declare the byte ranges that readers read as units (each tensor's
+    /// stored bytes): a remote source's sequential read-ahead stays inside
+    /// the one a read is in, so reading one tensor fetches little beyond
+    /// it. No effect on a local file.
+    pub fn set_extents(&self, ranges: Vec<std::ops::Range<u64>>) {
+        if let Backing::Remote(r) = &self.backing {
+            r.set_extents(ranges);
+        }
+    }
+
+    /// Whether this is a remote object.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.backing, Backing::Remote(_))
     }
 
     /// Fill `buf` from absolute offset `offset`, from the version that was

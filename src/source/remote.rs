@@ -34,18 +34,22 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
 use sha2::{Digest, Sha256};
 
-use super::parts::{FetchError, PartCache, PartStats};
+use super::http::BlockSplitter;
+use super::parts::{BlockCache, Claim, FetchError, Lookup, PartStats};
 use super::{FileTime, SourceVersion};
+use crate::cache::source_parts::{PartKey, SourcePartCache, SourcePartCacheStats};
 use crate::error::{Error, ErrorKind, Result, err};
 
 /// Whether `s` names a remote source (a URL scheme this layer reads).
@@ -129,7 +133,9 @@ impl RemoteOptions {
     /// set by [`RemoteOptions::set_current`] (the command line), else
     /// [`RemoteOptions::from_env`].
     pub fn current() -> RemoteOptions {
-        lock(&CURRENT).clone().unwrap_or_else(RemoteOptions::from_env)
+        lock(&CURRENT)
+            .clone()
+            .unwrap_or_else(RemoteOptions::from_env)
     }
 
     /// Set the options of every later open of a URL in this process (once,
@@ -140,8 +146,9 @@ impl RemoteOptions {
 
     /// The defaults, with overrides from `RKNOT_REMOTE_PART_SIZE`,
     /// `RKNOT_REMOTE_CACHE_BYTES`, `RKNOT_REMOTE_RETRIES`,
-    /// `RKNOT_REMOTE_BACKOFF_MS` and `RKNOT_REMOTE_TIMEOUT_S` (provisional,
-    /// until mount options and flags exist). Unparsable values are ignored.
+    /// `RKNOT_REMOTE_BACKOFF_MS`, `RKNOT_REMOTE_TIMEOUT_S`,
+    /// `RKNOT_SOURCE_CACHE` (a directory) and `RKNOT_SOURCE_CACHE_BYTES`.
+    /// Unparsable values are ignored.
     pub fn from_env() -> RemoteOptions {
         let num = |k: &str| {
             std::env::var(k)
@@ -161,6 +168,12 @@ impl RemoteOptions {
             timeout: num("RKNOT_REMOTE_TIMEOUT_S")
                 .filter(|&n| n > 0)
                 .map_or(d.timeout, Duration::from_secs),
+            source_cache: std::env::var_os("RKNOT_SOURCE_CACHE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            source_cache_bytes: num("RKNOT_SOURCE_CACHE_BYTES")
+                .filter(|&n| n > 0)
+                .unwrap_or(d.source_cache_bytes),
             ..d
         }
     }
@@ -236,11 +249,18 @@ enum Target {
 }
 
 fn parse_url(url: &str) -> std::result::Result<(Target, ObjPath), String> {
-    if url.contains('?') || url.contains('#') {
+    if url.contains('#') {
+        return Err("URLs with a fragment (#...) name no object".into());
+    }
+    let url_path = url.split('?').next().unwrap_or(url);
+    if url_path.len() != url.len() && url[..2].eq_ignore_ascii_case("s3") {
         return Err(
-            "URLs with a query string or fragment (presigned URLs) are not supported yet".into(),
+            "s3:// URLs take no query string (credentials come from the AWS \
+                    environment; a presigned URL is an https:// URL)"
+                .into(),
         );
     }
+    let url = url_path;
     let i = url.find("://").ok_or("not a URL")?;
     let scheme = url[..i].to_ascii_lowercase();
     let rest = &url[i + 3..];
@@ -339,7 +359,7 @@ fn pin_of(meta: &object_store::ObjectMeta) -> Pin {
 
 /// What differs between the pinned version and what a response says; None
 /// when it is the same version.
-fn pin_changes(pin: &Pin, now: &Pin) -> Option<String> {
+pub(crate) fn pin_changes(pin: &Pin, now: &Pin) -> Option<String> {
     let mut d = Vec::new();
     if let (Some(a), Some(b)) = (&pin.etag, &now.etag)
         && a != b
@@ -361,6 +381,18 @@ fn pin_changes(pin: &Pin, now: &Pin) -> Option<String> {
 // ---------------------------------------------------------------------------
 // Counters
 
+/// One source's use of the disk cache, and the cache's own state (shared
+/// by every mount of the host that names its directory).
+#[derive(Debug, Clone)]
+pub struct DiskCacheStats {
+    pub dir: PathBuf,
+    /// Blocks of this source read from the disk cache.
+    pub hits: u64,
+    /// Blocks of this source not there (fetched, then stored).
+    pub misses: u64,
+    pub cache: SourcePartCacheStats,
+}
+
 /// A snapshot of one remote source's counters, for `ctl`.
 #[derive(Debug, Clone)]
 pub struct RemoteStats {
@@ -368,11 +400,20 @@ pub struct RemoteStats {
     pub url: String,
     pub pinned: String,
     pub part_size: u64,
+    /// The unit of caching (an eighth of a part).
+    pub block_size: u64,
     pub bytes_fetched: u64,
     pub requests: u64,
     pub retries: u64,
     pub failures: u64,
+    /// Requests under way now.
+    pub in_flight: u64,
+    /// Bytes requested by read-ahead (ahead of what a reader asked for).
+    pub readahead_bytes: u64,
+    /// The memory cache of blocks.
     pub parts: PartStats,
+    /// The disk cache (`--source-cache`), if any.
+    pub disk: Option<DiskCacheStats>,
     pub changed: bool,
 }
 
@@ -382,15 +423,18 @@ struct Counters {
     requests: AtomicU64,
     retries: AtomicU64,
     failures: AtomicU64,
+    readahead_bytes: AtomicU64,
+    disk_hits: AtomicU64,
+    disk_misses: AtomicU64,
 }
 
 /// One request's failure: a definite answer, or one worth retrying.
-enum Attempt {
+pub(crate) enum Attempt {
     Final(ErrorKind, String),
     Retry(String),
 }
 
-const RANGE_IGNORED: &str = "the server ignored the Range header (it answered 200 with the \
+pub(crate) const RANGE_IGNORED: &str = "the server ignored the Range header (it answered 200 with the \
     whole object instead of 206 with the bytes asked for): refused, since every read would \
     download the whole object; serve it from a server that supports ranged GETs";
 
@@ -474,114 +518,312 @@ fn jitter() -> f64 {
 // ---------------------------------------------------------------------------
 // The source
 
+/// A client for one runtime: reqwest for http(s) (query strings kept), an
+/// object_store client for s3.
+#[derive(Clone)]
+enum Client {
+    Http(reqwest::Client),
+    Store(Arc<dyn ObjectStore>),
+}
+
+/// How many bytes of a remote object one fetch may bring, and in what unit
+/// they are cached.
+///
+/// Requests are of up to `part_size` bytes (8 MiB by default: see
+/// [`RemoteOptions::part_size`]); the cache holds blocks of an eighth of
+/// that (1 MiB), aligned to the block size, so a reader that touches a few
+/// bytes brings one block, not a part, and reading one tensor costs at most
+/// its stored bytes plus two blocks (a quarter of a part) beyond them.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    block: u64,
+    blocks_per_request: u64,
+}
+
+impl Geometry {
+    fn of(part_size: u64) -> Geometry {
+        let part_size = part_size.max(4096);
+        let block = if part_size >= 8 * 4096 {
+            (part_size / 8) & !4095
+        } else {
+            part_size
+        };
+        Geometry {
+            block,
+            blocks_per_request: part_size.div_ceil(block),
+        }
+    }
+}
+
+/// Readers that read one stretch of the object in order: each gets a
+/// read-ahead window that doubles with every read that continues it (from
+/// one part up to [`RemoteOptions::readahead_max`]) and is gone when reads
+/// jump. Several streams at once (two tensors read by two processes).
+#[derive(Default)]
+struct Streams {
+    list: Vec<Stream>,
+    tick: u64,
+}
+
+struct Stream {
+    /// Where the next read of this stream is expected.
+    next: u64,
+    window: u64,
+    last_used: u64,
+}
+
+const MAX_STREAMS: usize = 16;
+
 pub(crate) struct RemoteFile {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     /// The redacted URL, as a path (what errors and `ctl` name).
     display: PathBuf,
+    /// The URL as given (query string included: a presigned URL's
+    /// signature). Never printed.
+    url: String,
     target: Target,
     location: ObjPath,
     opts: RemoteOptions,
+    geometry: Geometry,
+    /// The CA bundle's bytes, read once at open.
+    ca_pem: Option<Vec<u8>>,
     /// The client, and the runtime generation it was built for.
-    store: Mutex<(u64, Arc<dyn ObjectStore>)>,
+    client: Mutex<(u64, Client)>,
     pin: Pin,
     /// `If-Match` value: the pinned ETag when it is a strong one.
     if_match: Option<String>,
     version: SourceVersion,
-    parts: PartCache,
+    blocks: Arc<BlockCache>,
     counters: Counters,
     changed: OnceLock<String>,
+    /// The persistent cache of blocks (`--source-cache`), shared by every
+    /// source of the process that names the same directory.
+    disk: Option<Arc<SourcePartCache>>,
+    /// Requests started and not finished.
+    in_flight: AtomicUsize,
+    /// Byte ranges of the object a reader declared it reads as units
+    /// (tensors' stored bytes), sorted, disjoint: read-ahead never crosses
+    /// the end of the one a read is in, and there is none outside them.
+    extents: RwLock<Vec<Range<u64>>>,
+    streams: Mutex<Streams>,
 }
 
 impl fmt::Debug for RemoteFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemoteFile")
-            .field("url", &self.display)
-            .field("pin", &self.pin)
+            .field("url", &self.inner.display)
+            .field("pin", &self.inner.pin)
             .finish_non_exhaustive()
     }
 }
 
+fn build_client(
+    target: &Target,
+    opts: &RemoteOptions,
+    ca_pem: Option<&[u8]>,
+) -> std::result::Result<Client, String> {
+    Ok(match target {
+        Target::Http { .. } => Client::Http(super::http::client(opts, ca_pem)?),
+        Target::S3 { .. } => Client::Store(build_store(target, opts)?),
+    })
+}
+
+/// Run one request (`what` names it in errors) with bounded retries,
+/// backoff and jitter, counting requests, retries and failures.
+async fn retrying<T, F, Fut>(
+    counters: &Counters,
+    opts: &RemoteOptions,
+    display: &Path,
+    what: &str,
+    op: F,
+) -> std::result::Result<T, FetchError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = std::result::Result<T, Attempt>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(Attempt::Final(kind, m)) => {
+                counters.failures.fetch_add(1, Ordering::Relaxed);
+                return Err((kind, format!("{what}: {m}")));
+            }
+            Err(Attempt::Retry(m)) if attempt >= opts.max_retries => {
+                counters.failures.fetch_add(1, Ordering::Relaxed);
+                return Err((
+                    ErrorKind::Io,
+                    format!("{what}: {m} (gave up after {attempt} retries)"),
+                ));
+            }
+            Err(Attempt::Retry(m)) => {
+                let exp = opts
+                    .backoff
+                    .saturating_mul(1u32 << attempt.min(16))
+                    .min(Duration::from_secs(5));
+                // Equal jitter: half fixed, half random.
+                let sleep = exp / 2 + exp.mul_f64(jitter() / 2.0);
+                crate::logging::throttled!(
+                    log::Level::Warn,
+                    &format!("retries of {}", display.display()),
+                    "{}: {what}: {m}; retry {} of {} in {} ms",
+                    display.display(),
+                    attempt + 1,
+                    opts.max_retries,
+                    sleep.as_millis()
+                );
+                counters.retries.fetch_add(1, Ordering::Relaxed);
+                attempt += 1;
+                tokio::time::sleep(sleep).await;
+            }
+        }
+    }
+}
+
+/// One ranged GET through object_store, checked against the pin.
+async fn store_get(
+    store: &dyn ObjectStore,
+    location: &ObjPath,
+    want: Range<u64>,
+    block: u64,
+    pin: &Pin,
+    if_match: Option<String>,
+) -> std::result::Result<Vec<Bytes>, Attempt> {
+    let opts = GetOptions {
+        range: Some(GetRange::Bounded(want.clone())),
+        if_match,
+        ..GetOptions::default()
+    };
+    let res = store.get_opts(location, opts).await.map_err(classify)?;
+    if let Some(d) = pin_changes(pin, &pin_of(&res.meta)) {
+        return Err(Attempt::Final(ErrorKind::Changed, d));
+    }
+    if res.range != want {
+        return Err(Attempt::Final(
+            ErrorKind::Io,
+            format!(
+                "the server answered bytes {}-{} instead",
+                res.range.start,
+                res.range.end.saturating_sub(1)
+            ),
+        ));
+    }
+    let mut blocks = BlockSplitter::new(block, want.end - want.start);
+    let mut body = res.into_stream();
+    while let Some(chunk) = body.next().await {
+        blocks.push(&chunk.map_err(classify)?)?;
+    }
+    blocks.finish()
+}
+
 impl RemoteFile {
-    /// Open `url`: a HEAD pins the version, then the first part is fetched
-    /// (and cached) so the readers parse the header without another trip.
+    /// Open `url` and pin its version: over http(s) one ranged GET of the
+    /// first block (its response carries the version); over s3 a HEAD,
+    /// then the first block. The readers then parse the header from the
+    /// block cache; a header longer than a block costs one more request
+    /// per block it spans.
     pub(crate) fn open(url: &str, opts: RemoteOptions) -> Result<RemoteFile> {
         let display = PathBuf::from(redact(url));
-        let (target, location) =
-            parse_url(url).map_err(|m| err(ErrorKind::Io, m).path(&display))?;
-        let (_, generation) = runtime().map_err(|m| err(ErrorKind::Io, m).path(&display))?;
-        let store =
-            build_store(&target, &opts).map_err(|m| err(ErrorKind::Io, m).path(&display))?;
-        let mut f = RemoteFile {
-            version: SourceVersion {
-                dev: 0,
-                ino: 0,
-                size: 0,
-                mtime: FileTime { secs: 0, nanos: 0 },
-                ctime: FileTime { secs: 0, nanos: 0 },
-            },
+        let fail = |m: String| err(ErrorKind::Io, m).path(&display);
+        let (target, location) = parse_url(url).map_err(fail)?;
+        let ca_pem = match &opts.ca_bundle {
+            Some(p) => Some(read_ca_bundle(p).map_err(fail)?),
+            None => None,
+        };
+        let disk = match &opts.source_cache {
+            Some(dir) => Some(shared_disk_cache(dir, opts.source_cache_bytes)?),
+            None => None,
+        };
+        let (rt, generation) = runtime().map_err(fail)?;
+        let client = build_client(&target, &opts, ca_pem.as_deref()).map_err(fail)?;
+        let geometry = Geometry::of(opts.part_size);
+        let counters = Counters::default();
+        let (pin, first) = match &client {
+            Client::Http(c) => {
+                let r = rt
+                    .block_on(retrying(&counters, &opts, &display, "GET", || {
+                        super::http::get_first(c, url, geometry.block)
+                    }))
+                    .map_err(|(k, m)| err(k, m).path(&display))?;
+                counters
+                    .bytes_fetched
+                    .fetch_add(r.body.len() as u64, Ordering::Relaxed);
+                (r.pin, Some(r.body))
+            }
+            Client::Store(store) => {
+                let meta = rt
+                    .block_on(retrying(&counters, &opts, &display, "HEAD", || async {
+                        store.head(&location).await.map_err(classify)
+                    }))
+                    .map_err(|(k, m)| err(k, m).path(&display))?;
+                (pin_of(&meta), None)
+            }
+        };
+        drop(rt);
+        let if_match = pin.etag.clone().filter(|e| !e.starts_with("W/"));
+        let blocks = Arc::new(BlockCache::new(opts.cache_bytes));
+        let inner = Inner {
+            version: synth_version(&display, &pin),
             display,
+            url: url.to_string(),
             target,
             location,
-            parts: PartCache::new(opts.cache_bytes),
-            opts,
-            store: Mutex::new((generation, store)),
-            pin: Pin {
-                etag: None,
-                size: 0,
-                last_modified: FileTime { secs: 0, nanos: 0 },
-            },
-            if_match: None,
-            counters: Counters::default(),
+            geometry,
+            ca_pem,
+            client: Mutex::new((generation, client)),
+            pin,
+            if_match,
+            blocks,
+            counters,
             changed: OnceLock::new(),
+            disk,
+            in_flight: AtomicUsize::new(0),
+            extents: RwLock::new(Vec::new()),
+            streams: Mutex::new(Streams::default()),
+            opts,
         };
-        let meta = f
-            .with_retries("HEAD", |store, loc| async move {
-                store.head(&loc).await.map_err(classify)
-            })
-            .map_err(|(k, m)| err(k, m).path(&f.display))?;
-        f.pin = pin_of(&meta);
-        f.if_match = f.pin.etag.clone().filter(|e| !e.starts_with("W/"));
-        f.version = f.synth_version();
-        log::info!("{}: opened remote object, {}", f.display.display(), f.pin);
-        if f.pin.size > 0 {
-            f.part(0, 0)?;
+        log::info!(
+            "{}: opened remote object, {}",
+            inner.display.display(),
+            inner.pin
+        );
+        let f = RemoteFile {
+            inner: Arc::new(inner),
+        };
+        match first {
+            Some(body) if !body.is_empty() => {
+                for claim in f.inner.blocks.claim_run(0, 1, 1) {
+                    claim.complete(Ok(body.clone()));
+                }
+            }
+            Some(_) => {}
+            None if f.inner.pin.size > 0 => {
+                let mut one = [0u8; 1];
+                f.read_at(0, &mut one)?;
+            }
+            None => {}
         }
         Ok(f)
     }
 
-    /// A [`SourceVersion`] standing for the pinned version: device 0 (no
-    /// local file has it) and an "inode" hashed from the redacted URL and
-    /// the pin, so caches keyed by versions tell objects and versions apart.
-    fn synth_version(&self) -> SourceVersion {
-        let mut h = Sha256::new();
-        h.update(self.display.as_os_str().as_encoded_bytes());
-        h.update([0]);
-        h.update(self.pin.to_string().as_bytes());
-        let d = h.finalize();
-        let mut ino = [0u8; 8];
-        ino.copy_from_slice(&d[..8]);
-        SourceVersion {
-            dev: 0,
-            ino: u64::from_le_bytes(ino),
-            size: self.pin.size,
-            mtime: self.pin.last_modified,
-            ctime: self.pin.last_modified,
-        }
-    }
-
     pub(crate) fn path(&self) -> &Path {
-        &self.display
+        &self.inner.display
     }
 
     pub(crate) fn version(&self) -> &SourceVersion {
-        &self.version
+        &self.inner.version
     }
 
     pub(crate) fn pin(&self) -> &Pin {
-        &self.pin
+        &self.inner.pin
     }
 
     pub(crate) fn modified(&self) -> Option<SystemTime> {
-        let lm = self.pin.last_modified;
+        let lm = self.inner.pin.last_modified;
         (lm.secs > 0).then(|| {
             SystemTime::UNIX_EPOCH
                 + Duration::new(lm.secs.unsigned_abs(), lm.nanos.min(999_999_999))
@@ -589,16 +831,148 @@ impl RemoteFile {
     }
 
     pub(crate) fn is_changed(&self) -> bool {
-        self.changed.get().is_some()
+        self.inner.changed.get().is_some()
     }
 
     pub(crate) fn check_unchanged(&self) -> Result<()> {
-        match self.changed.get() {
-            Some(what) => Err(self.changed_error(what)),
+        match self.inner.changed.get() {
+            Some(what) => Err(self.inner.changed_error(what)),
             None => Ok(()),
         }
     }
 
+    /// Declare the byte ranges readers read as units (each tensor's stored
+    /// bytes): sequential read-ahead stays inside the one a read is in.
+    pub(crate) fn set_extents(&self, mut ranges: Vec<Range<u64>>) {
+        ranges.retain(|r| r.start < r.end);
+        ranges.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            match merged.last_mut() {
+                Some(last) if r.start < last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        *self
+            .inner
+            .extents
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = merged;
+    }
+
+    pub(crate) fn stats(&self) -> RemoteStats {
+        let i = &self.inner;
+        let c = &i.counters;
+        RemoteStats {
+            url: i.display.display().to_string(),
+            pinned: i.pin.to_string(),
+            part_size: i.opts.part_size,
+            block_size: i.geometry.block,
+            bytes_fetched: c.bytes_fetched.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+            failures: c.failures.load(Ordering::Relaxed),
+            in_flight: i.in_flight.load(Ordering::Relaxed) as u64,
+            readahead_bytes: c.readahead_bytes.load(Ordering::Relaxed),
+            parts: i.blocks.stats(),
+            disk: i.disk.as_ref().map(|d| DiskCacheStats {
+                dir: d.dir().to_path_buf(),
+                hits: c.disk_hits.load(Ordering::Relaxed),
+                misses: c.disk_misses.load(Ordering::Relaxed),
+                cache: d.stats(),
+            }),
+            changed: self.is_changed(),
+        }
+    }
+
+    /// Fill `buf` from `offset` (bounds already checked against the pinned
+    /// size by the caller). Every block the read spans is requested at
+    /// once (runs of up to a part per request, a bounded number in
+    /// flight), plus the read-ahead of a sequential reader; then each is
+    /// waited for in order.
+    pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        let bs = inner.geometry.block;
+        let end = offset + buf.len() as u64;
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        let readahead_end = inner.readahead(offset, end).max(last + 1);
+        let mut issued = first;
+        let mut done = 0usize;
+        for index in first..=last {
+            if let Some(what) = inner.changed.get() {
+                return Err(inner.changed_error(what));
+            }
+            issued = inner.pump(index, issued.max(index), last + 1, readahead_end);
+            let block = inner.block(index, offset + done as u64)?;
+            let pos = offset + done as u64;
+            let within = usize::try_from(pos - index * bs).unwrap_or(usize::MAX);
+            let avail = block.len().saturating_sub(within);
+            if avail == 0 {
+                return Err(err(
+                    ErrorKind::Truncated,
+                    format!("block {index} ends before byte {pos}"),
+                )
+                .path(&inner.display)
+                .at(pos));
+            }
+            let n = avail.min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&block[within..within + n]);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+/// The disk cache at `dir`, one per directory in the process: its size
+/// estimate and eviction are shared by every source that uses it.
+fn shared_disk_cache(dir: &Path, limit: u64) -> Result<Arc<SourcePartCache>> {
+    static CACHES: Mutex<Vec<(PathBuf, Arc<SourcePartCache>)>> = Mutex::new(Vec::new());
+    let mut caches = lock(&CACHES);
+    if let Some((_, c)) = caches.iter().find(|(d, _)| d == dir) {
+        return Ok(c.clone());
+    }
+    let c = SourcePartCache::open(dir, limit)?;
+    caches.push((dir.to_path_buf(), c.clone()));
+    Ok(c)
+}
+
+/// Read a CA bundle (at most 16 MiB: a bundle of every public CA is ~250 KB).
+fn read_ca_bundle(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)
+        .map_err(|e| format!("cannot open the CA bundle {}: {e}", path.display()))?;
+    let mut pem = Vec::new();
+    f.take(16 << 20)
+        .read_to_end(&mut pem)
+        .map_err(|e| format!("cannot read the CA bundle {}: {e}", path.display()))?;
+    Ok(pem)
+}
+
+/// A [`SourceVersion`] standing for the pinned version: device 0 (no local
+/// file has it) and an "inode" hashed from the redacted URL and the pin, so
+/// caches keyed by versions tell objects and versions apart.
+fn synth_version(display: &Path, pin: &Pin) -> SourceVersion {
+    let mut h = Sha256::new();
+    h.update(display.as_os_str().as_encoded_bytes());
+    h.update([0]);
+    h.update(pin.to_string().as_bytes());
+    let d = h.finalize();
+    let mut ino = [0u8; 8];
+    ino.copy_from_slice(&d[..8]);
+    SourceVersion {
+        dev: 0,
+        ino: u64::from_le_bytes(ino),
+        size: pin.size,
+        mtime: pin.last_modified,
+        ctime: pin.last_modified,
+    }
+}
+
+impl Inner {
     fn changed_error(&self, what: &str) -> Error {
         err(
             ErrorKind::Changed,
@@ -610,175 +984,285 @@ impl RemoteFile {
         .path(&self.display)
     }
 
-    pub(crate) fn stats(&self) -> RemoteStats {
-        let c = &self.counters;
-        RemoteStats {
-            url: self.display.display().to_string(),
-            pinned: self.pin.to_string(),
-            part_size: self.opts.part_size,
-            bytes_fetched: c.bytes_fetched.load(Ordering::Relaxed),
-            requests: c.requests.load(Ordering::Relaxed),
-            retries: c.retries.load(Ordering::Relaxed),
-            failures: c.failures.load(Ordering::Relaxed),
-            parts: self.parts.stats(),
-            changed: self.is_changed(),
-        }
-    }
-
-    /// The client for the current runtime (rebuilt after [`stop_runtime`]).
-    fn client(
-        &self,
-    ) -> std::result::Result<(Arc<tokio::runtime::Runtime>, Arc<dyn ObjectStore>), String> {
+    /// The client for the current runtime (rebuilt after [`stop_runtime`]:
+    /// a client's pooled connections belong to the runtime that made them).
+    fn client(&self) -> std::result::Result<(Arc<tokio::runtime::Runtime>, Client), String> {
         let (rt, generation) = runtime()?;
-        let mut s = lock(&self.store);
-        if s.0 != generation {
-            *s = (generation, build_store(&self.target, &self.opts)?);
+        let mut c = lock(&self.client);
+        if c.0 != generation {
+            *c = (
+                generation,
+                build_client(&self.target, &self.opts, self.ca_pem.as_deref())?,
+            );
         }
-        Ok((rt, s.1.clone()))
+        Ok((rt, c.1.clone()))
     }
 
-    /// Run one request (`what` names it in errors) with bounded retries,
-    /// backoff and jitter, counting requests, retries and failures.
-    fn with_retries<T, F, Fut>(&self, what: &str, op: F) -> std::result::Result<T, FetchError>
-    where
-        F: Fn(Arc<dyn ObjectStore>, ObjPath) -> Fut,
-        Fut: Future<Output = std::result::Result<T, Attempt>>,
-    {
-        let c = &self.counters;
-        let mut attempt = 0u32;
-        loop {
-            let (rt, store) = self.client().map_err(|m| (ErrorKind::Io, m))?;
-            c.requests.fetch_add(1, Ordering::Relaxed);
-            let result = rt.block_on(op(store, self.location.clone()));
-            drop(rt);
-            match result {
-                Ok(v) => return Ok(v),
-                Err(Attempt::Final(kind, m)) => {
-                    c.failures.fetch_add(1, Ordering::Relaxed);
-                    return Err((kind, format!("{what}: {m}")));
+    /// The end (a block index, exclusive) of the read-ahead for a read of
+    /// `[offset, end)`: nothing for a read that continues no stream, or
+    /// that lies outside every declared extent; else the stream's window,
+    /// inside the extent the read ends in.
+    fn readahead(&self, offset: u64, end: u64) -> u64 {
+        let bs = self.geometry.block;
+        let part = bs * self.geometry.blocks_per_request;
+        let max = self
+            .opts
+            .readahead_max
+            .min(self.opts.cache_bytes / 4)
+            .max(part);
+        let window = {
+            let mut st = lock(&self.streams);
+            st.tick += 1;
+            let tick = st.tick;
+            // A read continues a stream if it starts within a part of where
+            // the stream's next read was expected (FUSE and the kernel's own
+            // read-ahead deliver a sequential reader's reads a little out of
+            // order).
+            let found = st
+                .list
+                .iter_mut()
+                .find(|s| offset + part >= s.next && offset <= s.next + part);
+            match found {
+                Some(s) => {
+                    s.window = (s.window * 2).clamp(part, max);
+                    s.next = s.next.max(end);
+                    s.last_used = tick;
+                    s.window
                 }
-                Err(Attempt::Retry(m)) if attempt >= self.opts.max_retries => {
-                    c.failures.fetch_add(1, Ordering::Relaxed);
-                    return Err((
-                        ErrorKind::Io,
-                        format!("{what}: {m} (gave up after {attempt} retries)"),
-                    ));
+                None => {
+                    let fresh = Stream {
+                        next: end,
+                        window: 0,
+                        last_used: tick,
+                    };
+                    if st.list.len() < MAX_STREAMS {
+                        st.list.push(fresh);
+                    } else if let Some(oldest) = st.list.iter_mut().min_by_key(|s| s.last_used) {
+                        *oldest = fresh;
+                    }
+                    0
                 }
-                Err(Attempt::Retry(m)) => {
-                    let exp = self
-                        .opts
-                        .backoff
-                        .saturating_mul(1u32 << attempt.min(16))
-                        .min(Duration::from_secs(5));
-                    // Equal jitter: half fixed, half random.
-                    let sleep = exp / 2 + exp.mul_f64(jitter() / 2.0);
-                    log::warn!(
-                        "{}: {what}: {m}; retry {} of {} in {} ms",
-                        self.display.display(),
-                        attempt + 1,
-                        self.opts.max_retries,
-                        sleep.as_millis()
-                    );
-                    c.retries.fetch_add(1, Ordering::Relaxed);
-                    attempt += 1;
-                    std::thread::sleep(sleep);
+            }
+        };
+        let last_block = (end - 1) / bs + 1;
+        if window == 0 {
+            return last_block;
+        }
+        let extents = self.extents.read().unwrap_or_else(|p| p.into_inner());
+        let i = extents.partition_point(|r| r.end < end);
+        let Some(extent) = extents.get(i).filter(|r| r.start < end) else {
+            return last_block;
+        };
+        let stop = (end.saturating_add(window))
+            .min(extent.end)
+            .min(self.pin.size);
+        stop.div_ceil(bs).max(last_block)
+    }
+
+    /// Start fetches of the blocks from `from` on, up to `readahead_end`
+    /// (exclusive), in runs of up to a part, while fewer than
+    /// `max_in_flight` requests are under way; block `current` (the one the
+    /// reader waits for next) is always started. Returns the first block
+    /// not looked at.
+    fn pump(self: &Arc<Self>, current: u64, from: u64, demand_end: u64, readahead_end: u64) -> u64 {
+        let bpr = self.geometry.blocks_per_request;
+        let max = self.opts.max_in_flight.max(1);
+        let mut index = from;
+        while index < readahead_end {
+            let busy = self.in_flight.load(Ordering::Relaxed) >= max;
+            if busy && index > current {
+                break;
+            }
+            let claims = self.blocks.claim_run(index, readahead_end, bpr);
+            if claims.is_empty() {
+                index += 1;
+                continue;
+            }
+            index += claims.len() as u64;
+            if index > demand_end {
+                let ahead = (index - demand_end.max(claims[0].index)) * self.geometry.block;
+                self.counters
+                    .readahead_bytes
+                    .fetch_add(ahead, Ordering::Relaxed);
+            }
+            self.spawn_fetch(claims);
+        }
+        index
+    }
+
+    /// Fetch the claimed run of blocks on the runtime; the claims are
+    /// completed (bytes or error) whatever happens.
+    fn spawn_fetch(self: &Arc<Self>, claims: Vec<Claim>) {
+        let (rt, client) = match self.client() {
+            Ok(c) => c,
+            Err(m) => {
+                for c in claims {
+                    c.complete(Err((ErrorKind::Io, m.clone())));
+                }
+                return;
+            }
+        };
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        let inner = self.clone();
+        rt.spawn(async move {
+            inner.fetch_run(client, claims).await;
+            inner.in_flight.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// The disk cache's key of block `index` of the pinned version: the
+    /// redacted URL and the pin (never credentials).
+    fn disk_key<'a>(&'a self, version: &'a str, index: u64) -> PartKey<'a> {
+        PartKey {
+            object: self.display.to_str().unwrap_or(""),
+            version,
+            part_size: self.geometry.block,
+            index,
+        }
+    }
+
+    /// The length of block `index` (the last one may be short).
+    fn block_len(&self, index: u64) -> u64 {
+        let bs = self.geometry.block;
+        self.pin.size.saturating_sub(index * bs).min(bs)
+    }
+
+    /// Bring a claimed run of blocks: those in the disk cache from there
+    /// (checked), the rest by one request per contiguous stretch.
+    async fn fetch_run(&self, client: Client, claims: Vec<Claim>) {
+        let version = self.pin.to_string();
+        let mut missing: Vec<Claim> = Vec::with_capacity(claims.len());
+        for c in claims {
+            let from_disk = self.disk.as_ref().and_then(|d| {
+                let len = usize::try_from(self.block_len(c.index)).ok()?;
+                d.get(&self.disk_key(&version, c.index), len)
+            });
+            match from_disk {
+                Some(bytes) => {
+                    self.counters.disk_hits.fetch_add(1, Ordering::Relaxed);
+                    c.complete(Ok(bytes));
+                }
+                None => {
+                    if self.disk.is_some() {
+                        self.counters.disk_misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                    missing.push(c);
                 }
             }
         }
+        while !missing.is_empty() {
+            let stretch = missing
+                .windows(2)
+                .position(|w| w[1].index != w[0].index + 1)
+                .map_or(missing.len(), |i| i + 1);
+            let rest = missing.split_off(stretch);
+            self.fetch_stretch(&client, missing, &version).await;
+            missing = rest;
+        }
     }
 
-    /// Part `idx`, from the cache or fetched. `at` is the offset a reader
-    /// asked for (named in errors).
-    fn part(&self, idx: u64, at: u64) -> Result<Bytes> {
-        if let Some(what) = self.changed.get() {
-            return Err(self.changed_error(what));
-        }
-        self.parts
-            .get_or_fetch(idx, || self.fetch_part(idx))
-            .map_err(|(kind, m)| {
-                if kind == ErrorKind::Changed {
-                    let what = self.changed.get_or_init(|| m.clone());
+    /// One request for contiguous claimed blocks; the blocks go to the
+    /// waiters, the memory cache and the disk cache.
+    async fn fetch_stretch(&self, client: &Client, claims: Vec<Claim>, version: &str) {
+        let (Some(first), Some(last)) = (claims.first(), claims.last()) else {
+            return;
+        };
+        let bs = self.geometry.block;
+        let start = first.index * bs;
+        let end = ((last.index + 1) * bs).min(self.pin.size);
+        let result = if start >= end {
+            Err((
+                ErrorKind::OutOfBounds,
+                format!("block {} lies outside the object", first.index),
+            ))
+        } else {
+            self.get(client, start..end).await
+        };
+        match result {
+            Ok(blocks) => {
+                let n: u64 = blocks.iter().map(|b| b.len() as u64).sum();
+                self.counters.bytes_fetched.fetch_add(n, Ordering::Relaxed);
+                let mut blocks = blocks.into_iter();
+                for c in claims {
+                    let Some(block) = blocks.next() else {
+                        c.complete(Err((ErrorKind::Truncated, "short response".into())));
+                        continue;
+                    };
+                    if let Some(d) = &self.disk {
+                        d.put(&self.disk_key(version, c.index), &block);
+                    }
+                    c.complete(Ok(block));
+                }
+            }
+            Err((kind, m)) => {
+                if kind == ErrorKind::Changed && self.changed.set(m.clone()).is_ok() {
                     log::error!("{}: {m}", self.display.display());
-                    return self.changed_error(what);
                 }
-                err(kind, m).path(&self.display).at(at)
-            })
-    }
-
-    fn fetch_part(&self, idx: u64) -> std::result::Result<Bytes, FetchError> {
-        let p = self.opts.part_size;
-        let start = idx.checked_mul(p).filter(|&s| s < self.pin.size).ok_or((
-            ErrorKind::OutOfBounds,
-            format!("part {idx} lies outside the object"),
-        ))?;
-        let end = start.saturating_add(p).min(self.pin.size);
-        let want = start..end;
-        let what = format!("GET bytes {start}-{}", end - 1);
-        let bytes = self.with_retries(&what, |store, loc| {
-            let want = want.clone();
-            let if_match = self.if_match.clone();
-            let pin = &self.pin;
-            async move {
-                let opts = GetOptions {
-                    range: Some(GetRange::Bounded(want.clone())),
-                    if_match,
-                    ..GetOptions::default()
-                };
-                let res = store.get_opts(&loc, opts).await.map_err(classify)?;
-                if let Some(d) = pin_changes(pin, &pin_of(&res.meta)) {
-                    return Err(Attempt::Final(ErrorKind::Changed, d));
+                for c in claims {
+                    c.complete(Err((kind, m.clone())));
                 }
-                if res.range != want {
-                    return Err(Attempt::Final(
-                        ErrorKind::Io,
-                        format!(
-                            "the server answered bytes {}-{} instead",
-                            res.range.start,
-                            res.range.end.saturating_sub(1)
-                        ),
-                    ));
-                }
-                let body = res.bytes().await.map_err(classify)?;
-                let n = want.end - want.start;
-                if body.len() as u64 != n {
-                    return Err(Attempt::Retry(format!(
-                        "truncated body: {} of {n} bytes",
-                        body.len()
-                    )));
-                }
-                Ok(body)
             }
-        })?;
-        self.counters
-            .bytes_fetched
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        Ok(bytes)
-    }
-
-    /// Fill `buf` from `offset` (bounds already checked against the pinned
-    /// size by the caller).
-    pub(crate) fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let p = self.opts.part_size;
-        let mut done = 0usize;
-        while done < buf.len() {
-            let pos = offset + done as u64;
-            let idx = pos / p;
-            let part = self.part(idx, pos)?;
-            let within = usize::try_from(pos - idx * p).unwrap_or(usize::MAX);
-            let avail = part.len().saturating_sub(within);
-            if avail == 0 {
-                return Err(err(
-                    ErrorKind::Truncated,
-                    format!("part {idx} ends before byte {pos}"),
-                )
-                .path(&self.display)
-                .at(pos));
-            }
-            let n = avail.min(buf.len() - done);
-            buf[done..done + n].copy_from_slice(&part[within..within + n]);
-            done += n;
         }
-        Ok(())
+    }
+
+    /// Bytes `want` of the pinned version, in blocks, with retries.
+    async fn get(
+        &self,
+        client: &Client,
+        want: Range<u64>,
+    ) -> std::result::Result<Vec<Bytes>, FetchError> {
+        let block = self.geometry.block;
+        let what = format!("GET bytes {}-{}", want.start, want.end - 1);
+        let if_match = self.if_match.as_deref();
+        match client {
+            Client::Http(c) => {
+                retrying(&self.counters, &self.opts, &self.display, &what, || {
+                    super::http::get_range(c, &self.url, want.clone(), block, &self.pin, if_match)
+                })
+                .await
+            }
+            Client::Store(s) => {
+                retrying(&self.counters, &self.opts, &self.display, &what, || {
+                    store_get(
+                        s.as_ref(),
+                        &self.location,
+                        want.clone(),
+                        block,
+                        &self.pin,
+                        self.if_match.clone(),
+                    )
+                })
+                .await
+            }
+        }
+    }
+
+    /// Block `index`, from memory, from a fetch under way, or fetched now.
+    /// `at` is the offset a reader asked for (named in errors).
+    fn block(self: &Arc<Self>, index: u64, at: u64) -> Result<Bytes> {
+        let result = loop {
+            match self.blocks.lookup(index) {
+                Lookup::Hit(b) => break Ok(b),
+                Lookup::InFlight(f) => break f.wait(),
+                Lookup::Absent => {
+                    // Its fetch failed between `pump` and here (errors are
+                    // not cached): fetch it again, once, for this reader.
+                    let claims = self.blocks.claim_run(index, index + 1, 1);
+                    let Some(flight) = claims.first().map(Claim::flight) else {
+                        continue;
+                    };
+                    self.spawn_fetch(claims);
+                    break flight.wait();
+                }
+            }
+        };
+        result.map_err(|(kind, m)| {
+            if kind == ErrorKind::Changed {
+                let what = self.changed.get_or_init(|| m.clone());
+                return self.changed_error(what);
+            }
+            err(kind, m).path(&self.display).at(at)
+        })
     }
 }
 
@@ -807,11 +1291,11 @@ mod tests {
         let (t, l) = parse_url("s3://models/q/7b.rknot").unwrap();
         assert!(matches!(t, Target::S3 { ref bucket } if bucket == "models"));
         assert_eq!(l.as_ref(), "q/7b.rknot");
-        assert!(
-            parse_url("https://h/x?sig=1")
-                .unwrap_err()
-                .contains("query")
-        );
+        // Presigned https URLs keep their query (in requests only); s3://
+        // URLs take none.
+        assert!(parse_url("https://h/x?sig=1").is_ok());
+        assert!(parse_url("s3://b/x?sig=1").unwrap_err().contains("query"));
+        assert!(parse_url("https://h/x#f").is_err());
         assert!(
             parse_url("https://u:p@h/x")
                 .unwrap_err()

@@ -1,0 +1,377 @@
+//! Ranged GETs of one object at an `http://` or `https://` URL, with
+//! reqwest (the HTTP client object_store itself is built on, so no new
+//! crates).
+//!
+//! Why not object_store's HTTP store: it joins a path onto a base URL, so it
+//! cannot carry a query string, and presigned URLs (S3 `X-Amz-Signature`,
+//! the CDN URLs Hugging Face's resolve URLs redirect to) are nothing but a
+//! query string; and a presigned GET URL usually refuses HEAD, so the pin
+//! must come from a GET. Here the URL is used exactly as given (redirects
+//! followed, at most 10), and the version is read off every ranged
+//! response: its ETag, the total size in Content-Range and Last-Modified.
+//!
+//! Errors never print the URL: reqwest's own messages are stripped of it
+//! (`without_url`), and the caller names the redacted URL.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_RANGE, ETAG, IF_MATCH, LAST_MODIFIED, RANGE};
+
+use super::FileTime;
+use super::remote::{Attempt, Pin, RANGE_IGNORED, RemoteOptions, pin_changes};
+use crate::error::ErrorKind;
+
+/// A client for the current runtime, with the options' timeouts and extra
+/// CA certificates (added to the system's roots; verification stays on).
+pub(crate) fn client(
+    opts: &RemoteOptions,
+    ca_pem: Option<&[u8]>,
+) -> Result<reqwest::Client, String> {
+    let mut b = reqwest::Client::builder()
+        .timeout(opts.timeout)
+        .connect_timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::limited(10))
+        .user_agent(concat!("rknot/", env!("CARGO_PKG_VERSION")));
+    if let Some(pem) = ca_pem {
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| format!("the CA bundle holds no usable PEM certificate: {e}"))?;
+        if certs.is_empty() {
+            return Err("the CA bundle holds no PEM certificate".into());
+        }
+        b = b.tls_certs_merge(certs);
+    }
+    b.build()
+        .map_err(|e| format!("cannot set up the HTTP client: {}", e.without_url()))
+}
+
+/// One ranged response: the bytes asked for and the version they are of.
+pub(crate) struct RangeResponse {
+    pub body: Bytes,
+    pub pin: Pin,
+}
+
+/// `GET url` for bytes `want` of the version `pin` (conditional on
+/// `if_match` when given): the response must be a 206 for exactly `want`,
+/// of that version (ETag, size and, without an ETag, Last-Modified), else
+/// the object changed. `want` must not be empty. The body comes back cut
+/// into blocks of `block` bytes (the last may be short).
+pub(crate) async fn get_range(
+    client: &reqwest::Client,
+    url: &str,
+    want: Range<u64>,
+    block: u64,
+    pin: &Pin,
+    if_match: Option<&str>,
+) -> Result<Vec<Bytes>, Attempt> {
+    let mut req = client
+        .get(url)
+        .header(RANGE, format!("bytes={}-{}", want.start, want.end - 1));
+    if let Some(tag) = if_match {
+        req = req.header(IF_MATCH, tag);
+    }
+    let resp = req.send().await.map_err(transport_error)?;
+    let status = resp.status();
+    match status {
+        StatusCode::PARTIAL_CONTENT => {}
+        // Dropped unread: the whole body is never downloaded.
+        StatusCode::OK => return Err(Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into())),
+        StatusCode::PRECONDITION_FAILED => {
+            return Err(Attempt::Final(
+                ErrorKind::Changed,
+                "HTTP 412: the object no longer has the pinned etag".into(),
+            ));
+        }
+        StatusCode::RANGE_NOT_SATISFIABLE => {
+            return Err(Attempt::Final(
+                ErrorKind::Changed,
+                format!(
+                    "HTTP 416: bytes {}-{} are no longer in the object (it shrank)",
+                    want.start,
+                    want.end - 1
+                ),
+            ));
+        }
+        s => return Err(status_error(s)),
+    }
+    let headers = resp.headers();
+    let text = |h| headers.get(h).and_then(|v| v.to_str().ok());
+    let (start, end, total) = text(CONTENT_RANGE)
+        .and_then(parse_content_range)
+        .ok_or_else(|| {
+            Attempt::Final(
+                ErrorKind::Io,
+                "a 206 response without a valid Content-Range header".into(),
+            )
+        })?;
+    let now = Pin {
+        etag: text(ETAG).map(str::to_string),
+        size: total,
+        last_modified: text(LAST_MODIFIED)
+            .and_then(parse_http_date)
+            .unwrap_or(FileTime { secs: 0, nanos: 0 }),
+    };
+    // The version first: a changed object may also answer other bytes.
+    if let Some(d) = pin_changes(pin, &now) {
+        return Err(Attempt::Final(ErrorKind::Changed, d));
+    }
+    if start != want.start || end != want.end {
+        return Err(Attempt::Final(
+            ErrorKind::Io,
+            format!(
+                "asked for bytes {}-{}, the server answered bytes {start}-{} of {total}",
+                want.start,
+                want.end - 1,
+                end.saturating_sub(1)
+            ),
+        ));
+    }
+    let mut resp = resp;
+    let mut blocks = BlockSplitter::new(block, want.end - want.start);
+    while let Some(chunk) = resp.chunk().await.map_err(transport_error)? {
+        blocks.push(&chunk)?;
+    }
+    blocks.finish()
+}
+
+/// Cuts a response body into blocks of the cache's size as it arrives:
+/// each block its own allocation (so the memory cache's byte count is what
+/// it holds, whichever blocks it evicts), one copy of every byte in all.
+pub(crate) struct BlockSplitter {
+    block: usize,
+    expect: u64,
+    got: u64,
+    current: bytes::BytesMut,
+    done: Vec<Bytes>,
+}
+
+impl BlockSplitter {
+    pub(crate) fn new(block: u64, expect: u64) -> BlockSplitter {
+        let block = usize::try_from(block).unwrap_or(usize::MAX).max(1);
+        BlockSplitter {
+            block,
+            expect,
+            got: 0,
+            current: bytes::BytesMut::new(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Take the next piece of the body; more bytes than asked for is an
+    /// error (never trusted, never stored).
+    pub(crate) fn push(&mut self, mut chunk: &[u8]) -> Result<(), Attempt> {
+        self.got += chunk.len() as u64;
+        if self.got > self.expect {
+            return Err(Attempt::Final(
+                ErrorKind::Io,
+                format!(
+                    "the body is longer than the {} bytes asked for",
+                    self.expect
+                ),
+            ));
+        }
+        while !chunk.is_empty() {
+            if self.current.is_empty() {
+                let left = self.expect - (self.got - chunk.len() as u64);
+                let cap = (self.block as u64).min(left);
+                self.current
+                    .reserve(usize::try_from(cap).unwrap_or(self.block));
+            }
+            let n = (self.block - self.current.len()).min(chunk.len());
+            self.current.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            if self.current.len() == self.block {
+                self.done.push(std::mem::take(&mut self.current).freeze());
+            }
+        }
+        Ok(())
+    }
+
+    /// The blocks, once the body is complete; a short body is retried.
+    pub(crate) fn finish(mut self) -> Result<Vec<Bytes>, Attempt> {
+        if self.got != self.expect {
+            return Err(Attempt::Retry(format!(
+                "truncated body: {} of {} bytes",
+                self.got, self.expect
+            )));
+        }
+        if !self.current.is_empty() {
+            self.done.push(self.current.freeze());
+        }
+        Ok(self.done)
+    }
+}
+
+/// The first bytes of the object, up to `want_len`, and its version: how a
+/// source is opened (one round trip; no HEAD, which presigned GET URLs
+/// refuse). An empty object answers 416 with `bytes */0`.
+pub(crate) async fn get_first(
+    client: &reqwest::Client,
+    url: &str,
+    want_len: u64,
+) -> Result<RangeResponse, Attempt> {
+    let resp = client
+        .get(url)
+        .header(RANGE, format!("bytes=0-{}", want_len.max(1) - 1))
+        .send()
+        .await
+        .map_err(transport_error)?;
+    let status = resp.status();
+    let headers = resp.headers();
+    let text = |h| headers.get(h).and_then(|v| v.to_str().ok());
+    let etag = text(ETAG).map(str::to_string);
+    let last_modified = text(LAST_MODIFIED)
+        .and_then(parse_http_date)
+        .unwrap_or(FileTime { secs: 0, nanos: 0 });
+    match status {
+        StatusCode::PARTIAL_CONTENT => {}
+        StatusCode::RANGE_NOT_SATISFIABLE
+            if text(CONTENT_RANGE).is_some_and(|c| c.trim() == "bytes */0") =>
+        {
+            return Ok(RangeResponse {
+                body: Bytes::new(),
+                pin: Pin {
+                    etag,
+                    size: 0,
+                    last_modified,
+                },
+            });
+        }
+        StatusCode::OK => return Err(Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into())),
+        s => return Err(status_error(s)),
+    }
+    let (start, end, total) = text(CONTENT_RANGE)
+        .and_then(parse_content_range)
+        .ok_or_else(|| {
+            Attempt::Final(
+                ErrorKind::Io,
+                "a 206 response without a valid Content-Range header".into(),
+            )
+        })?;
+    let expect_end = want_len.max(1).min(total);
+    if start != 0 || end != expect_end {
+        return Err(Attempt::Final(
+            ErrorKind::Io,
+            format!(
+                "asked for bytes 0-{}, the server answered bytes {start}-{} of {total}",
+                want_len.max(1) - 1,
+                end.saturating_sub(1)
+            ),
+        ));
+    }
+    let pin = Pin {
+        etag,
+        size: total,
+        last_modified,
+    };
+    let body = resp.bytes().await.map_err(transport_error)?;
+    if body.len() as u64 != end {
+        return Err(Attempt::Retry(format!(
+            "truncated body: {} of {end} bytes",
+            body.len()
+        )));
+    }
+    Ok(RangeResponse { body, pin })
+}
+
+/// A status other than 206: 404/403/401 and other 4xx are definite answers;
+/// 408, 429 and 5xx are worth retrying.
+fn status_error(s: StatusCode) -> Attempt {
+    let code = s.as_u16();
+    let reason = s.canonical_reason().unwrap_or("");
+    match code {
+        404 => Attempt::Final(ErrorKind::Io, "HTTP 404: no such object".into()),
+        403 => Attempt::Final(
+            ErrorKind::Io,
+            "HTTP 403: access denied (check the credentials, or whether a presigned URL \
+             expired)"
+                .into(),
+        ),
+        401 => Attempt::Final(
+            ErrorKind::Io,
+            "HTTP 401: not authenticated (check the credentials)".into(),
+        ),
+        408 | 429 => Attempt::Retry(format!("HTTP {code} {reason}")),
+        400..=499 => Attempt::Final(ErrorKind::Io, format!("HTTP {code} {reason}")),
+        _ => Attempt::Retry(format!("HTTP {code} {reason}")),
+    }
+}
+
+/// Timeouts, refused and reset connections, truncated bodies: all worth
+/// retrying. The message never holds the URL: reqwest's own error drops it
+/// (`without_url`), and the errors under it (hyper's, the socket's) never
+/// had it; they say what happened (refused, reset, timed out).
+fn transport_error(e: reqwest::Error) -> Attempt {
+    let e = e.without_url();
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !msg.contains(&t) {
+            msg = format!("{msg}: {t}");
+        }
+        src = s.source();
+    }
+    // A certificate that does not verify will not verify on a retry.
+    if msg.contains("certificate") {
+        return Attempt::Final(
+            ErrorKind::Io,
+            format!(
+                "{msg} (TLS certificates are always verified: give the CA that signed the \
+                 server's certificate with --ca-bundle)"
+            ),
+        );
+    }
+    Attempt::Retry(msg)
+}
+
+/// `bytes START-END/TOTAL` (END inclusive) as `(START, END + 1, TOTAL)`.
+fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let rest = v.trim().strip_prefix("bytes")?.trim_start();
+    let (range, total) = rest.split_once('/')?;
+    let (a, b) = range.split_once('-')?;
+    let (a, b): (u64, u64) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    let total: u64 = total.trim().parse().ok()?;
+    let end = b.checked_add(1)?;
+    (a < end && end <= total).then_some((a, end, total))
+}
+
+/// An HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, RFC 9110's IMF-fixdate,
+/// the only form servers are to send) as seconds since the epoch.
+fn parse_http_date(v: &str) -> Option<FileTime> {
+    let t = chrono::DateTime::parse_from_rfc2822(v.trim()).ok()?;
+    Some(FileTime {
+        secs: t.timestamp(),
+        nanos: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_ranges_and_dates() {
+        assert_eq!(
+            parse_content_range("bytes 0-1048575/5000000"),
+            Some((0, 1 << 20, 5_000_000))
+        );
+        assert_eq!(parse_content_range("bytes 10-9/100"), None);
+        assert_eq!(parse_content_range("bytes 0-100/100"), None);
+        assert_eq!(parse_content_range("bytes */100"), None);
+        assert_eq!(
+            parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").map(|t| t.secs),
+            Some(784111777)
+        );
+        assert!(matches!(
+            status_error(StatusCode::SERVICE_UNAVAILABLE),
+            Attempt::Retry(_)
+        ));
+        assert!(matches!(
+            status_error(StatusCode::FORBIDDEN),
+            Attempt::Final(..)
+        ));
+    }
+}
