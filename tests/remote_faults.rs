@@ -607,3 +607,33 @@ fn proxy_relays_chunked_and_close_delimited_bodies() {
     assert!(b.ends_with("\r\n\r\nuntil close"), "{b:?}");
     p.assert_clean();
 }
+
+/// SIGTERM stops a foreground mount of a remote source cleanly (exit 0,
+/// unmounted), as it does a local one: the remote I/O runtime's threads,
+/// started while the source opened, must not take the signal (its default
+/// action killed the daemon and left a dead mount).
+#[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn sigterm_unmounts_a_remote_mount_cleanly() {
+    if !fuse_available() {
+        return;
+    }
+    let small = small_model();
+    let (_s, p) = server_and_proxy(std::fs::read(&small.path).unwrap());
+    for _ in 0..3 {
+        let mut remote = mount_url(&p.url("m.gguf"), &[]);
+        // A request after the mount too (the runtime restarted).
+        let first = format!("{}.f32", tensors(&small.path)[0].name);
+        std::fs::read(remote.m.path(&first)).unwrap();
+        remote.m.signal(libc::SIGTERM);
+        let st = remote.m.wait_exit(10).expect("daemon did not exit");
+        assert!(st.success(), "{st}:\n{}", remote.m.log());
+        assert!(
+            !common::mount::is_mounted(&remote.m.mp),
+            "still mounted after SIGTERM"
+        );
+    }
+}
