@@ -637,3 +637,51 @@ fn sigterm_unmounts_a_remote_mount_cleanly() {
         );
     }
 }
+
+/// Mixed faults with a single retry: some reads fail, with EIO only, the
+/// others return the right bytes; the daemon lives; once the faults stop
+/// every file reads right without a remount.
+#[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn mixed_faults_with_one_retry_give_right_bytes_or_eio() {
+    if !fuse_available() {
+        return;
+    }
+    let small = small_model();
+    let (_s, p) = server_and_proxy(std::fs::read(&small.path).unwrap());
+    let local = Mounted::new(&small.path, &[]);
+    let mut remote = mount_url(&p.url("m.gguf"), &daemon_env(SMALL_PART, "1"));
+    switch_on(&p.faults, Fault::Mixed, false);
+    p.faults.error_every.store(2, Ordering::SeqCst);
+    let files: Vec<String> = tensors(&small.path)
+        .iter()
+        .map(|t| format!("{}.f32", t.name))
+        .collect();
+    let mut eio = 0;
+    for f in &files {
+        let want = std::fs::read(local.path(f)).unwrap();
+        eio += read_file_checked(&remote.m.path(f), &want, &[libc::EIO])
+            .errors
+            .len();
+    }
+    remote.assert_alive();
+    let j = remote.m.ctl_json();
+    assert!(j["remote"][0]["failures"].as_u64().unwrap() > 0, "{j}");
+    assert!(eio > 0, "no read failed with one retry: {j}");
+    p.faults.clear();
+    for f in &files {
+        let want = std::fs::read(local.path(f)).unwrap();
+        let path = remote.m.path(f);
+        remote.drop_caches(&path);
+        assert_eq!(
+            read_file_checked(&path, &want, &[]).ok_bytes,
+            want.len() as u64,
+            "{f}"
+        );
+    }
+    remote.assert_alive();
+    p.assert_clean();
+}
