@@ -290,7 +290,12 @@ enum BenchCmd {
         rounds: usize,
         /// Synthetic sparse models (header, then a hole) whose mount cost is
         /// measured too, comma-separated; "none" for none.
-        #[arg(long, default_value = "qwen2.5-7b,llama3-70b", value_delimiter = ',')]
+        #[arg(
+            long,
+            default_value = "qwen2.5-7b,llama3-70b",
+            value_delimiter = ',',
+            value_parser = shape_or_none
+        )]
         shapes: Vec<String>,
     },
     /// Cost of verifying checksums on the read path: every tensor of FILE
@@ -365,6 +370,18 @@ fn at_least_1(s: &str) -> Result<usize, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// clap value parser: `bench remote --shapes`, a synthetic shape or "none".
+fn shape_or_none(s: &str) -> Result<String, String> {
+    if s == "none" || rknot::synth::SHAPES.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unknown shape (known: {}, or none)",
+            rknot::synth::SHAPES.join(", ")
+        ))
     }
 }
 
