@@ -277,6 +277,25 @@ fn bench_mount_random_reads_0_is_refused() {
     );
 }
 
+#[test]
+fn bench_remote_bad_arguments_are_refused() {
+    assert_usage(
+        &run_rknot(&["bench", "remote", "--rounds", "0"]),
+        "invalid value '0' for '--rounds <ROUNDS>': must be at least 1",
+    );
+    assert_usage(
+        &run_rknot(&["bench", "remote", "--size-mb", "0"]),
+        "invalid value '0' for '--size-mb <SIZE_MB>': must be at least 1",
+    );
+    assert_usage(
+        &run_rknot(&["bench", "remote", "--shapes", "qwen2.5-7b,gpt5"]),
+        "invalid value 'gpt5' for '--shapes <SHAPES>': unknown shape (known: ",
+    );
+    let o = run_rknot(&["bench", "remote", "--model", "m.gguf", "--size-mb", "8"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot be used with"));
+}
+
 /// The lossy encoders take a dense model only: an SK32 or a .rknot as
 /// input (it used to be re-encoded, compounding its error) is refused
 /// before anything is written.

@@ -1,20 +1,20 @@
-//! Remote sources (`http://`): a small HTTP/1.1 server on 127.0.0.1 written
-//! here (HEAD, ranged GET, ETag, If-Match -> 412) with switchable faults
-//! (503 every Nth request, a connection dropped mid-body, a changed object,
-//! Range ignored). Reads either return the right bytes or fail; never wrong
-//! bytes.
+//! Remote sources (`http://`): the small HTTP/1.1 server of
+//! tests/common/http_server.rs (HEAD, ranged GET, ETag, If-Match -> 412)
+//! with its switchable faults (503 every Nth request, a connection dropped
+//! mid-body, a changed object, Range ignored). Reads either return the right
+//! bytes or fail; never wrong bytes. tests/remote_faults.rs adds a
+//! fault-injecting proxy.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::BufReader;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::http_server::Server;
 use common::mount::{Mounted, fuse_available};
 use common::*;
 use rknot::backend::{Backend, DenseBackend, Role};
@@ -22,206 +22,7 @@ use rknot::error::ErrorKind;
 use rknot::format::gguf::GgufFile;
 use rknot::source::{RemoteOptions, SourceFile};
 
-/// The query string a presigned URL of /p.gguf carries (its "signature").
-const PRESIGNED_QUERY: &str = "X-Amz-Expires=600&X-Amz-Signature=SECRETSIG0123";
-
-#[derive(Default)]
-struct Faults {
-    /// Answer 503 to every Nth request (0: never).
-    fail_every: AtomicU64,
-    /// Drop the connection halfway through the body of every Nth GET.
-    drop_every: AtomicU64,
-    /// Answer ranged GETs with 200 and the whole body.
-    ignore_range: AtomicBool,
-}
-
-struct Object {
-    data: Vec<u8>,
-    etag: String,
-}
-
-struct Server {
-    port: u16,
-    object: Arc<Mutex<Object>>,
-    faults: Arc<Faults>,
-    requests: Arc<AtomicU64>,
-}
-
-impl Server {
-    fn start(data: Vec<u8>) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let object = Arc::new(Mutex::new(Object {
-            data,
-            etag: "\"v1\"".into(),
-        }));
-        let faults = Arc::new(Faults::default());
-        let requests = Arc::new(AtomicU64::new(0));
-        let (o, f, r) = (object.clone(), faults.clone(), requests.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let (o, f, r) = (o.clone(), f.clone(), r.clone());
-                std::thread::spawn(move || {
-                    let _ = serve(conn, &o, &f, &r);
-                });
-            }
-        });
-        Server {
-            port,
-            object,
-            faults,
-            requests,
-        }
-    }
-
-    fn url(&self, name: &str) -> String {
-        format!("http://127.0.0.1:{}/{name}", self.port)
-    }
-
-    /// Replace the object (new bytes, new ETag).
-    fn replace(&self, data: Vec<u8>, etag: &str) {
-        let mut o = self.object.lock().unwrap();
-        o.data = data;
-        o.etag = etag.into();
-    }
-}
-
-/// One connection: requests until the client closes it (keep-alive).
-fn serve(
-    conn: TcpStream,
-    object: &Mutex<Object>,
-    faults: &Faults,
-    requests: &AtomicU64,
-) -> std::io::Result<()> {
-    conn.set_nodelay(true)?;
-    let mut r = BufReader::new(conn.try_clone()?);
-    let mut w = conn;
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or("").to_string();
-        let path = parts.next().unwrap_or("").to_string();
-        let (mut range, mut if_match) = (None, None);
-        loop {
-            let mut h = String::new();
-            if r.read_line(&mut h)? == 0 {
-                return Ok(());
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let (k, v) = h.split_once(':').unwrap_or((h, ""));
-            match k.to_ascii_lowercase().as_str() {
-                "range" => range = Some(v.trim().to_string()),
-                "if-match" => if_match = Some(v.trim().to_string()),
-                _ => {}
-            }
-        }
-        let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
-        let every = faults.fail_every.load(Ordering::SeqCst);
-        if every > 0 && n.is_multiple_of(every) {
-            respond(&mut w, "503 Service Unavailable", &[], b"busy")?;
-            continue;
-        }
-        let (data, etag) = {
-            let o = object.lock().unwrap();
-            (o.data.clone(), o.etag.clone())
-        };
-        // A presigned URL's stand-in: /p.gguf answers only with its
-        // signature in the query string.
-        let (path, query) = match path.split_once('?') {
-            Some((p, q)) => (p.to_string(), Some(q.to_string())),
-            None => (path, None),
-        };
-        match path.as_str() {
-            "/m.gguf" => {}
-            "/p.gguf" if query.as_deref() == Some(PRESIGNED_QUERY) => {}
-            "/p.gguf" => {
-                respond(&mut w, "403 Forbidden", &[], b"bad signature")?;
-                continue;
-            }
-            "/secret.gguf" => {
-                respond(&mut w, "403 Forbidden", &[], b"no")?;
-                continue;
-            }
-            _ => {
-                respond(&mut w, "404 Not Found", &[], b"none")?;
-                continue;
-            }
-        }
-        if if_match.as_ref().is_some_and(|m| *m != etag) {
-            respond(&mut w, "412 Precondition Failed", &[], b"")?;
-            continue;
-        }
-        let lm = "Mon, 01 Jan 2024 00:00:00 GMT".to_string();
-        let total = data.len();
-        if method == "HEAD" {
-            write!(
-                w,
-                "HTTP/1.1 200 OK\r\nContent-Length: {total}\r\nETag: {etag}\r\n\
-                 Last-Modified: {lm}\r\nAccept-Ranges: bytes\r\n\r\n"
-            )?;
-            continue;
-        }
-        let ranged = range
-            .as_deref()
-            .and_then(|r| r.strip_prefix("bytes="))
-            .and_then(|r| r.split_once('-'))
-            .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
-            .filter(|_| !faults.ignore_range.load(Ordering::SeqCst));
-        let (status, body, extra) = match ranged {
-            Some((a, b)) if a <= b && a < total => {
-                let b = b.min(total - 1);
-                (
-                    "206 Partial Content",
-                    &data[a..=b],
-                    vec![format!("Content-Range: bytes {a}-{b}/{total}")],
-                )
-            }
-            Some(_) => {
-                respond(&mut w, "416 Range Not Satisfiable", &[], b"")?;
-                continue;
-            }
-            None => ("200 OK", &data[..], vec![]),
-        };
-        let mut head = format!(
-            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nETag: {etag}\r\nLast-Modified: {lm}\r\n",
-            body.len()
-        );
-        for e in extra {
-            head += &e;
-            head += "\r\n";
-        }
-        head += "\r\n";
-        w.write_all(head.as_bytes())?;
-        let drop_every = faults.drop_every.load(Ordering::SeqCst);
-        if drop_every > 0 && n.is_multiple_of(drop_every) && body.len() > 1 {
-            w.write_all(&body[..body.len() / 2])?;
-            w.flush()?;
-            let _ = w.shutdown(std::net::Shutdown::Both);
-            return Ok(());
-        }
-        w.write_all(body)?;
-        w.flush()?;
-    }
-}
-
-fn respond(w: &mut TcpStream, status: &str, headers: &[&str], body: &[u8]) -> std::io::Result<()> {
-    let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());
-    for h in headers {
-        head += h;
-        head += "\r\n";
-    }
-    head += "\r\n";
-    w.write_all(head.as_bytes())?;
-    w.write_all(body)?;
-    w.flush()
-}
+use common::http_server::PRESIGNED_QUERY;
 
 fn opts(part_size: u64) -> RemoteOptions {
     RemoteOptions {

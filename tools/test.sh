@@ -141,6 +141,13 @@ else
   echo "skipped (RKNOT_ALLOW_SKIP): needs root, /dev/fuse and fusermount3"
 fi
 
+step "benchmark smoke run (no thresholds: keeps 'rknot bench remote' working; needs curl)"
+if [ ${#fuse_lacks[@]} = 0 ]; then
+  target/ci/rknot bench remote --dir "$unit_dir/bench-remote" --rounds 1 --size-mb 8 --shapes qwen2.5-7b | tail -14
+else
+  echo "skipped (RKNOT_ALLOW_SKIP): needs root, /dev/fuse and fusermount3"
+fi
+
 step "independent reader (written from docs/FORMAT.md alone) vs rknot cat"
 bin=target/ci/rknot
 for f in demo/tiny-llama.gguf demo/tiny-llama.knot demo/tiny-llama.sk32 demo/tiny-llama.rknot; do

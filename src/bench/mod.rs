@@ -27,13 +27,16 @@ use std::time::{Duration, Instant};
 use crate::backend::{self, Backend};
 
 mod checksums;
+mod http_server;
 mod passthrough;
+mod remote;
 use crate::format::gguf::write_gguf;
 use crate::format::meta::{MetaValue, Metadata};
 use crate::format::sk32::write_sk32;
 use crate::quant::GgmlType;
 use crate::synth::{self, Rng};
 pub use checksums::{checksums_bench, strip_checksums};
+pub use remote::{RemoteBenchOpts, remote_bench};
 
 use crate::progress::{Meter, Unit};
 

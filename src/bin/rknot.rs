@@ -266,6 +266,38 @@ enum BenchCmd {
         #[arg(long, value_name = "DIR")]
         decoded_dir: Option<PathBuf>,
     },
+    /// A model served over HTTP from a loopback server in this process and
+    /// mounted with `rknot-mount http://...`: cold sequential read against
+    /// curl, warm read from --source-cache against a local-file mount, and
+    /// what a mount costs (bytes fetched, time to first byte) for the
+    /// model and 7B/70B-shaped synthetic ones; needs root, fuse3 and curl.
+    Remote {
+        /// Scratch directory for synthetic models, mountpoints and the
+        /// source cache.
+        #[arg(long, default_value = "/tmp/rknot-bench-remote")]
+        dir: PathBuf,
+        /// GGUF model to serve [default: SmolLM2 when found
+        /// (RKNOT_SMOLLM2, else models/SmolLM2-135M-Instruct.Q4_1.gguf),
+        /// unless --size-mb is given; else a 64 MiB synthetic model].
+        #[arg(long, value_name = "FILE", conflicts_with = "size_mb")]
+        model: Option<PathBuf>,
+        /// Serve a synthetic Q4_K model of this many MiB of tensor data,
+        /// at least 1.
+        #[arg(long, value_parser = at_least_1_u64)]
+        size_mb: Option<u64>,
+        /// Rounds of every measurement, at least 1 (medians are reported).
+        #[arg(long, default_value_t = 3, value_parser = at_least_1)]
+        rounds: usize,
+        /// Synthetic sparse models (header, then a hole) whose mount cost is
+        /// measured too, comma-separated; "none" for none.
+        #[arg(
+            long,
+            default_value = "qwen2.5-7b,llama3-70b",
+            value_delimiter = ',',
+            value_parser = shape_or_none
+        )]
+        shapes: Vec<String>,
+    },
     /// Cost of verifying checksums on the read path: every tensor of FILE
     /// (with checksums) read in full against a copy without them, rounds
     /// interleaved, medians and their ratio.
@@ -338,6 +370,27 @@ fn subcommand(mut cmd: clap::Command, path: &[&str]) -> clap::Command {
 /// clap value parser: a count of at least 1.
 fn at_least_1(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// clap value parser: `bench remote --shapes`, a synthetic shape or "none".
+fn shape_or_none(s: &str) -> Result<String, String> {
+    if s == "none" || rknot::synth::SHAPES.contains(&s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "unknown shape (known: {}, or none)",
+            rknot::synth::SHAPES.join(", ")
+        ))
+    }
+}
+
+/// clap value parser: a size of at least 1.
+fn at_least_1_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
@@ -571,6 +624,32 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 progress: mode,
             };
             let report = rknot::bench::mount_bench(&opts)?;
+            write_stdout(report.as_bytes())
+        }
+        Cmd::Bench {
+            what:
+                BenchCmd::Remote {
+                    dir,
+                    model,
+                    size_mb,
+                    rounds,
+                    shapes,
+                },
+        } => {
+            let exe = std::env::current_exe()?;
+            let opts = rknot::bench::RemoteBenchOpts {
+                dir,
+                model,
+                size_mb,
+                rounds,
+                shapes: shapes
+                    .into_iter()
+                    .filter(|s| s != "none" && !s.is_empty())
+                    .collect(),
+                mount_bin: exe.with_file_name("rknot-mount"),
+                progress: mode,
+            };
+            let report = rknot::bench::remote_bench(&opts)?;
             write_stdout(report.as_bytes())
         }
         Cmd::Bench {

@@ -456,6 +456,12 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     let set = stop::stop_signals();
     // SAFETY: set is initialized; changing this thread's mask is sound.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    // A remote source started its I/O runtime while opening (in the
+    // foreground, nothing stopped it since): its worker threads predate the
+    // mask, so a SIGTERM could land on one and kill the daemon with the
+    // default action, leaving a dead mount. Stop it; the next request starts
+    // it again from a thread that has the mask.
+    crate::source::stop_runtime();
 
     let mountpoint = prep.mountpoint.clone();
     let summary = prep.backend.summary().clone();

@@ -140,6 +140,8 @@ pub fn python(script: &str, args: &[&Path]) -> Option<String> {
     Some(String::from_utf8(o.stdout).unwrap())
 }
 pub mod capability;
+pub mod fault_proxy;
+pub mod http_server;
 pub mod mount;
 pub mod users;
 

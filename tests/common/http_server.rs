@@ -1,0 +1,218 @@
+//! A small HTTP/1.1 server on 127.0.0.1 for remote-source tests: HEAD,
+//! ranged GET, ETag, If-Match -> 412, keep-alive, with switchable faults of
+//! its own (503 every Nth request, a connection dropped mid-body, Range
+//! ignored) and an object that can be replaced while it serves. It serves
+//! `/m.gguf`; `/secret.gguf` answers 403 and anything else 404.
+//! tests/common/fault_proxy.rs puts more faults in front of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Default)]
+pub struct Faults {
+    /// Answer 503 to every Nth request (0: never).
+    pub fail_every: AtomicU64,
+    /// Drop the connection halfway through the body of every Nth GET.
+    pub drop_every: AtomicU64,
+    /// Answer ranged GETs with 200 and the whole body.
+    pub ignore_range: AtomicBool,
+}
+
+struct Object {
+    /// Shared, not copied per request: the real model is 100 MB.
+    data: Arc<[u8]>,
+    etag: String,
+}
+
+pub struct Server {
+    pub port: u16,
+    object: Arc<Mutex<Object>>,
+    pub faults: Arc<Faults>,
+    pub requests: Arc<AtomicU64>,
+}
+
+impl Server {
+    pub fn start(data: Vec<u8>) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let object = Arc::new(Mutex::new(Object {
+            data: data.into(),
+            etag: "\"v1\"".into(),
+        }));
+        let faults = Arc::new(Faults::default());
+        let requests = Arc::new(AtomicU64::new(0));
+        let (o, f, r) = (object.clone(), faults.clone(), requests.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let (o, f, r) = (o.clone(), f.clone(), r.clone());
+                std::thread::spawn(move || {
+                    let _ = serve(conn, &o, &f, &r);
+                });
+            }
+        });
+        Server {
+            port,
+            object,
+            faults,
+            requests,
+        }
+    }
+
+    pub fn url(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}/{name}", self.port)
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    /// Replace the object (new bytes, new ETag).
+    pub fn replace(&self, data: Vec<u8>, etag: &str) {
+        let mut o = self.object.lock().unwrap();
+        o.data = data.into();
+        o.etag = etag.into();
+    }
+}
+
+/// The query string a presigned URL of /p.gguf carries (its "signature").
+pub const PRESIGNED_QUERY: &str = "X-Amz-Expires=600&X-Amz-Signature=SECRETSIG0123";
+
+/// One connection: requests until the client closes it (keep-alive).
+fn serve(
+    conn: TcpStream,
+    object: &Mutex<Object>,
+    faults: &Faults,
+    requests: &AtomicU64,
+) -> std::io::Result<()> {
+    conn.set_nodelay(true)?;
+    let mut r = BufReader::new(conn.try_clone()?);
+    let mut w = conn;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let path = parts.next().unwrap_or("").to_string();
+        let (mut range, mut if_match) = (None, None);
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h)? == 0 {
+                return Ok(());
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').unwrap_or((h, ""));
+            match k.to_ascii_lowercase().as_str() {
+                "range" => range = Some(v.trim().to_string()),
+                "if-match" => if_match = Some(v.trim().to_string()),
+                _ => {}
+            }
+        }
+        let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
+        let every = faults.fail_every.load(Ordering::SeqCst);
+        if every > 0 && n.is_multiple_of(every) {
+            respond(&mut w, "503 Service Unavailable", &[], b"busy")?;
+            continue;
+        }
+        let (data, etag) = {
+            let o = object.lock().unwrap();
+            (o.data.clone(), o.etag.clone())
+        };
+        // A presigned URL's stand-in: /p.gguf answers only with its
+        // signature in the query string.
+        let (path, query) = match path.split_once('?') {
+            Some((p, q)) => (p.to_string(), Some(q.to_string())),
+            None => (path, None),
+        };
+        match path.as_str() {
+            "/m.gguf" => {}
+            "/p.gguf" if query.as_deref() == Some(PRESIGNED_QUERY) => {}
+            "/p.gguf" => {
+                respond(&mut w, "403 Forbidden", &[], b"bad signature")?;
+                continue;
+            }
+            "/secret.gguf" => {
+                respond(&mut w, "403 Forbidden", &[], b"no")?;
+                continue;
+            }
+            _ => {
+                respond(&mut w, "404 Not Found", &[], b"none")?;
+                continue;
+            }
+        }
+        if if_match.as_ref().is_some_and(|m| *m != etag) {
+            respond(&mut w, "412 Precondition Failed", &[], b"")?;
+            continue;
+        }
+        let lm = "Mon, 01 Jan 2024 00:00:00 GMT".to_string();
+        let total = data.len();
+        if method == "HEAD" {
+            write!(
+                w,
+                "HTTP/1.1 200 OK\r\nContent-Length: {total}\r\nETag: {etag}\r\n\
+                 Last-Modified: {lm}\r\nAccept-Ranges: bytes\r\n\r\n"
+            )?;
+            continue;
+        }
+        let ranged = range
+            .as_deref()
+            .and_then(|r| r.strip_prefix("bytes="))
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)))
+            .filter(|_| !faults.ignore_range.load(Ordering::SeqCst));
+        let (status, body, extra) = match ranged {
+            Some((a, b)) if a <= b && a < total => {
+                let b = b.min(total - 1);
+                (
+                    "206 Partial Content",
+                    &data[a..=b],
+                    vec![format!("Content-Range: bytes {a}-{b}/{total}")],
+                )
+            }
+            Some(_) => {
+                respond(&mut w, "416 Range Not Satisfiable", &[], b"")?;
+                continue;
+            }
+            None => ("200 OK", &data[..], vec![]),
+        };
+        let mut head = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nETag: {etag}\r\nLast-Modified: {lm}\r\n",
+            body.len()
+        );
+        for e in extra {
+            head += &e;
+            head += "\r\n";
+        }
+        head += "\r\n";
+        w.write_all(head.as_bytes())?;
+        let drop_every = faults.drop_every.load(Ordering::SeqCst);
+        if drop_every > 0 && n.is_multiple_of(drop_every) && body.len() > 1 {
+            w.write_all(&body[..body.len() / 2])?;
+            w.flush()?;
+            let _ = w.shutdown(std::net::Shutdown::Both);
+            return Ok(());
+        }
+        w.write_all(body)?;
+        w.flush()?;
+    }
+}
+
+fn respond(w: &mut TcpStream, status: &str, headers: &[&str], body: &[u8]) -> std::io::Result<()> {
+    let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());
+    for h in headers {
+        head += h;
+        head += "\r\n";
+    }
+    head += "\r\n";
+    w.write_all(head.as_bytes())?;
+    w.write_all(body)?;
+    w.flush()
+}
