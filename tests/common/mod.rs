@@ -141,6 +141,7 @@ pub fn python(script: &str, args: &[&Path]) -> Option<String> {
 }
 pub mod capability;
 pub mod mount;
+pub mod s3;
 pub mod users;
 
 /// An SK32 with rank-8 sketches of a few SmolLM2 matrices (token_embd
