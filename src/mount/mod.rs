@@ -70,6 +70,9 @@ pub struct MountRequest {
     pub decoded_cache: Option<PathBuf>,
     pub decoded_cache_gb: Option<f64>,
     pub no_passthrough: bool,
+    /// Remote-source flags (`--endpoint`, `--source-cache`, ...); override
+    /// the `-o` forms.
+    pub remote: crate::source::cli::RemoteArgs,
 }
 
 /// A failure before or during mounting: message for the user.
@@ -96,6 +99,9 @@ fn n_cpus() -> usize {
 
 fn prepare(req: &MountRequest) -> Result<Prepared, String> {
     let (opts, _) = options::parse_with(&req.options, req.sloppy)?;
+    // Before any source is opened (and before the fork of background
+    // mode, which keeps it).
+    req.remote.or(&opts.remote).install()?;
     checks::check_fuse()?;
     let mountpoint = checks::check_mountpoint(&req.mountpoint)?;
     let dense = req

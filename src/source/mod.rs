@@ -21,9 +21,12 @@
 //! `Changed` error (ESTALE at the filesystem), and it is sticky: once a
 //! source is seen changed, nothing more is read from it.
 
+pub mod cli;
 mod local;
 mod parts;
 mod remote;
+mod s3;
+pub mod upload;
 
 use std::fmt;
 use std::path::Path;

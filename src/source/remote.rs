@@ -129,7 +129,9 @@ impl RemoteOptions {
     /// set by [`RemoteOptions::set_current`] (the command line), else
     /// [`RemoteOptions::from_env`].
     pub fn current() -> RemoteOptions {
-        lock(&CURRENT).clone().unwrap_or_else(RemoteOptions::from_env)
+        lock(&CURRENT)
+            .clone()
+            .unwrap_or_else(RemoteOptions::from_env)
     }
 
     /// Set the options of every later open of a URL in this process (once,
@@ -286,18 +288,7 @@ fn build_store(t: &Target, o: &RemoteOptions) -> std::result::Result<Arc<dyn Obj
                 .build()
                 .map_err(|e| format!("cannot set up the HTTP client: {e}"))?,
         ),
-        Target::S3 { bucket } => {
-            let endpoint_http = std::env::var("AWS_ENDPOINT_URL")
-                .is_ok_and(|e| e.to_ascii_lowercase().starts_with("http://"));
-            Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket.clone())
-                    .with_client_options(client.with_allow_http(endpoint_http))
-                    .with_retry(retry)
-                    .build()
-                    .map_err(|e| format!("cannot set up the S3 client: {e}"))?,
-            )
-        }
+        Target::S3 { bucket } => super::s3::s3_store(bucket, o)?,
     })
 }
 
