@@ -49,6 +49,16 @@ impl S3 {
     /// Start a server and wait until it answers (a few tries: another
     /// process may take the free port between the probe and the bind).
     pub fn start() -> S3 {
+        S3::start_with(false)
+    }
+
+    /// A server that checks credentials: it knows none, so every request
+    /// is refused with 403 (InvalidAccessKeyId), as wrong keys are.
+    pub fn start_checking_credentials() -> S3 {
+        S3::start_with(true)
+    }
+
+    fn start_with(check_credentials: bool) -> S3 {
         let server = moto_server();
         let python = server.with_file_name("python3");
         let mut dir = tempfile::tempdir().unwrap();
@@ -57,7 +67,15 @@ impl S3 {
             let port = free_port();
             let log = dir.path().join(format!("moto-{port}.log"));
             let out = std::fs::File::create(&log).unwrap();
-            let child = Command::new(&server)
+            let mut cmd = Command::new(&server);
+            if check_credentials {
+                // moto's switch for authentication: after this many
+                // requests (none here) every request is checked.
+                cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+            } else {
+                cmd.env_remove("INITIAL_NO_AUTH_ACTION_COUNT");
+            }
+            let child = cmd
                 .args(["-H", "127.0.0.1", "-p", &port.to_string()])
                 .stdin(Stdio::null())
                 .stdout(out.try_clone().unwrap())
