@@ -45,6 +45,17 @@ fn encode_b0(model: &Path, out: &Path) {
     assert!(o.status.success(), "{}", text(&o.stderr));
 }
 
+/// Write one command line to the mount's `ctl` (a refused one is an
+/// error of the write; its reason is in `last_error`).
+fn ctl_command(m: &Mounted, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("ctl"))
+        .unwrap();
+    let _ = f.write_all(format!("{line}\n").as_bytes());
+}
+
 /// Whether two files have the same bytes, read in chunks; panics naming
 /// the first difference.
 fn assert_same_file(a: &Path, b: &Path) {
@@ -167,14 +178,39 @@ fn mounts_over_s3_serve_the_bytes_of_local_mounts() {
     let url = |k: &str| format!("s3://{BUCKET}/smol/{k}");
     let env = s3.env();
 
-    // The GGUF, configured by AWS_ENDPOINT_URL alone.
-    let remote = Mounted::with_env(Path::new(&url("model.gguf")), &[], &env);
+    // The GGUF, configured by AWS_ENDPOINT_URL alone; its encoding jobs
+    // upload under the administrator's prefix.
+    let prefix = format!("jobs_remote_prefix=s3://{BUCKET}/jobs");
+    let remote = Mounted::with_env(Path::new(&url("model.gguf")), &["-o", &prefix], &env);
     let local = Mounted::new(&model, &[]);
     let files = assert_same_mount(&remote, &local);
     assert!(files > 270, "{files} files compared");
     let ctl = remote.ctl();
     assert!(ctl.contains(&url("model.gguf")), "{ctl}");
     assert!(ctl.contains("errors 0"), "{ctl}");
+    ctl_command(&remote, "encode knot out=k.knot");
+    let job = remote.wait_job(1, &["done", "failed"], 120);
+    assert_eq!(job["state"], "done", "{job}\n{}", remote.log());
+    let knot = dir.path().join("k.knot");
+    let o = Command::new(rknot_bin())
+        .args(["encode", "knot", "--no-progress"])
+        .arg(&model)
+        .arg("-o")
+        .arg(&knot)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        s3.get(BUCKET, "jobs/k.knot").unwrap() == std::fs::read(&knot).unwrap(),
+        "the job's upload differs from a local encode"
+    );
+    // Names stay plain names under the prefix.
+    ctl_command(&remote, "encode knot out=../escape.knot");
+    assert!(
+        remote.last_error().contains("'..'"),
+        "{}",
+        remote.last_error()
+    );
     drop((remote, local));
 
     // Layered: the .rknot over the GGUF, both remote; AWS_ENDPOINT_URL is

@@ -73,7 +73,10 @@ enum Cmd {
     /// dense .knot. Writes a temporary file next to the output, then
     /// renames it: a failed or killed encoding leaves nothing at OUT. OUT
     /// gets at most the input's permission bits; an existing OUT is replaced
-    /// only with --overwrite, and the input itself never.
+    /// only with --overwrite, and the input itself never. OUT may be
+    /// s3://BUCKET/KEY: a multipart upload, visible only once complete,
+    /// aborted on failure, SIGINT or SIGTERM; an existing object is
+    /// replaced only with --overwrite (conditional completion).
     Encode {
         #[command(subcommand)]
         what: EncodeCmd,
@@ -643,6 +646,8 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
         if let Err(m) = rknot::source::upload::parse_output_url(o) {
             return Err(usage(cmd, format!("{}: {m}", rknot::source::redact(o))));
         }
+        // Interrupted, the upload is aborted rather than left stored.
+        rknot::source::upload::abort_on_signals();
     }
     let progress = Progress::for_cli(mode);
     let t0 = std::time::Instant::now();

@@ -50,7 +50,7 @@ pub struct MountCli {
     /// Mount options, comma-separated (repeatable): allow_other, allow_root,
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
     /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=, views=,
-    /// jobs_dir=, max_jobs=, nojobs, stop_timeout=, manifest=,
+    /// jobs_dir=, jobs_remote_prefix=, max_jobs=, nojobs, stop_timeout=, manifest=,
     /// unverified=hold|allow, decoded_cache=, decoded_cache_gb=,
     /// nopassthrough, endpoint=, ca_bundle=, source_cache=,
     /// source_cache_gb=, remote_cache_mb=, part_size_mb=, remote_retries=.

@@ -236,11 +236,26 @@ fn jobs_config(
     if opts.no_jobs {
         return Ok(None);
     }
-    let dir = match req
+    let jobs_dir = req
         .jobs_dir
         .clone()
-        .or_else(|| opts.jobs_dir.as_ref().map(PathBuf::from))
-    {
+        .or_else(|| opts.jobs_dir.as_ref().map(PathBuf::from));
+    // The administrator's object-store prefix: outputs are uploaded there
+    // (src/source/upload.rs), still only under plain names.
+    if let Some(prefix) = &opts.jobs_remote_prefix {
+        if let Some(d) = jobs_dir {
+            return Err(format!(
+                "jobs_remote_prefix={prefix} and a jobs directory ({}) exclude each other",
+                d.display()
+            ));
+        }
+        return Ok(Some(crate::fs::JobsConfig {
+            dir: PathBuf::from(prefix),
+            max_running: opts.max_jobs.unwrap_or(1).max(1),
+            threads: n_cpus().saturating_sub(1).max(1),
+        }));
+    }
+    let dir = match jobs_dir {
         Some(d) => std::path::absolute(&d).unwrap_or(d),
         // A remote source has no local directory: jobs only with --jobs-dir.
         None if source.to_str().is_some_and(crate::source::is_remote) => {

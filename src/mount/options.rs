@@ -22,6 +22,9 @@ pub struct MountOpts {
     pub dense: Option<String>,
     pub views: Option<ViewSet>,
     pub jobs_dir: Option<String>,
+    /// `s3://BUCKET/PREFIX/` where encoding jobs write instead of a
+    /// directory (normalized to end with `/`).
+    pub jobs_remote_prefix: Option<String>,
     pub max_jobs: Option<usize>,
     pub no_jobs: bool,
     /// Seconds between the first stop signal and aborting the connection.
@@ -43,7 +46,8 @@ pub struct MountOpts {
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
 uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
 prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
-noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs; stop_timeout=SECS; \
+noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, jobs_remote_prefix=s3://BUCKET/PREFIX/, \
+max_jobs=N, nojobs; stop_timeout=SECS; \
 integrity: manifest=FILE.sums, unverified=hold|allow; decoded cache: decoded_cache=DIR, \
 decoded_cache_gb=N, nopassthrough; remote sources: endpoint=URL, ca_bundle=FILE, source_cache=DIR, \
 source_cache_gb=N, remote_cache_mb=N, part_size_mb=N, remote_retries=N";
@@ -165,6 +169,12 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
             }
             ("dense", Some(v)) if !v.is_empty() => o.dense = Some(v.to_string()),
             ("jobs_dir", Some(v)) if !v.is_empty() => o.jobs_dir = Some(v.to_string()),
+            ("jobs_remote_prefix", Some(v)) => {
+                o.jobs_remote_prefix = Some(
+                    crate::source::upload::check_output_prefix(v)
+                        .map_err(|e| format!("mount option jobs_remote_prefix={v:?}: {e}"))?,
+                )
+            }
             ("max_jobs", Some(v)) => {
                 o.max_jobs = Some(checked(key, v, |n: usize| {
                     if n == 0 {
@@ -410,6 +420,14 @@ mod tests {
         assert!(p(&["part_size_mb=0"]).unwrap_err().contains("part_size_mb"));
         assert!(p(&["remote_retries=1000"]).is_err());
         assert!(p(&["remote_cache_mb=0"]).is_err());
+        assert_eq!(
+            p(&["jobs_remote_prefix=s3://b/jobs"])
+                .unwrap()
+                .jobs_remote_prefix
+                .as_deref(),
+            Some("s3://b/jobs/")
+        );
+        assert!(p(&["jobs_remote_prefix=/srv/jobs"]).is_err());
         assert!(p(&["source_cache_gb=-1"]).is_err());
     }
 

@@ -6,8 +6,10 @@
 //!   parts: S3 takes at most 10,000 parts of at least 5 MiB (but the last),
 //!   and growing parts keep any model size within that.
 //! - The object appears at CompleteMultipartUpload only. Any failure, a
-//!   cancel (drop without [`S3Upload::commit`]) or SIGINT/SIGTERM (a
-//!   handler installed with the first upload, [`abort_on_signals`]) aborts
+//!   cancel (drop without [`S3Upload::commit`]) or, in a program that
+//!   called [`abort_on_signals`] (the `rknot` CLI, not the mount daemon,
+//!   which has its own stop handling and cancels its jobs), SIGINT/SIGTERM
+//!   aborts
 //!   the upload, so no part is left stored; SIGKILL cannot: such a
 //!   leftover upload is invisible to readers and removed by a bucket
 //!   lifecycle rule (AbortIncompleteMultipartUpload).
@@ -72,6 +74,22 @@ pub fn parse_output_url(url: &str) -> std::result::Result<(String, ObjPath), Str
     Ok((bucket.to_string(), location))
 }
 
+/// `-o jobs_remote_prefix=`: an `s3://BUCKET/` or `s3://BUCKET/PREFIX/`
+/// under which encoding jobs of a mount write (normalized to end with `/`,
+/// so an output is PREFIX + its plain name).
+pub fn check_output_prefix(prefix: &str) -> std::result::Result<String, String> {
+    let with_slash = if prefix.ends_with('/') {
+        prefix.to_string()
+    } else {
+        format!("{prefix}/")
+    };
+    parse_output_url(&format!("{with_slash}x"))?;
+    if with_slash.get(5..).is_some_and(|rest| rest.contains("//")) {
+        return Err("empty path segment (//) in the prefix".into());
+    }
+    Ok(with_slash)
+}
+
 /// One upload in progress, as the signal handler sees it.
 struct Active {
     id: u64,
@@ -95,11 +113,12 @@ extern "C" fn on_signal(sig: libc::c_int) {
     SIGNALLED.store(sig, Ordering::SeqCst);
 }
 
-/// From the first upload on, SIGINT and SIGTERM abort every upload in
-/// progress, then end the process with status 128 + the signal (as the
-/// default action would, but without leaving stored parts behind). A
-/// watcher thread does it (a signal handler may not make requests).
-fn abort_on_signals() {
+/// From now on, SIGINT and SIGTERM abort every upload in progress, then
+/// end the process with status 128 + the signal (as the default action
+/// would, but without leaving stored parts behind). A watcher thread does
+/// it (a signal handler may not make requests). For a command-line
+/// program; idempotent.
+pub fn abort_on_signals() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         for sig in [libc::SIGINT, libc::SIGTERM] {
@@ -246,7 +265,6 @@ impl S3Upload {
                 Err(e) => return Err(object_error(&shown, "HEAD", e)),
             }
         }
-        abort_on_signals();
         let upload_id = rt
             .block_on(store.create_multipart(&location))
             .map_err(|e| object_error(&shown, "CreateMultipartUpload", e))?;
@@ -525,6 +543,11 @@ mod tests {
         assert!(parse_output_url("s3://b/").is_err());
         assert!(parse_output_url("s3://b").is_err());
         assert!(parse_output_url("s3://b/k?x=1").is_err());
+        assert_eq!(check_output_prefix("s3://b/jobs").unwrap(), "s3://b/jobs/");
+        assert_eq!(check_output_prefix("s3://b/").unwrap(), "s3://b/");
+        assert!(check_output_prefix("s3://b//x").is_err());
+        assert!(check_output_prefix("https://h/p/").is_err());
+        assert!(check_output_prefix("/srv/jobs").is_err());
         assert_eq!(
             first_line("<Error><Code>NoSuchUpload</Code></Error>"),
             "NoSuchUpload"
