@@ -508,6 +508,10 @@ fn encode_from_s3_to_s3() {
         );
     }
 
+    // The input as output: refused, also with --overwrite.
+    let o = encode(&src, &["--overwrite"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("the output is the input"));
     // http(s) outputs are refused.
     let o = encode("https://127.0.0.1:9/m.rknot", &[]).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));

@@ -2,7 +2,7 @@
 # The S3-compatible server of the object-storage tests (tests/remote_s3.rs):
 # moto in server mode (`moto_server`, PyPI moto[server]) and boto3 (the
 # tests upload objects and list multipart uploads with it), pinned, in a
-# virtual environment of its own (about 90 MB, half a minute of downloads
+# virtual environment of its own (about 320 MB, half a minute of downloads
 # the first time; later runs only check the pinned versions).
 #
 #   RKNOT_MOTO_VENV   where the environment lives (default

@@ -85,7 +85,7 @@ fi
 echo "transformers checks: ${RKNOT_HF_PYTHON:-off}"
 # moto's S3 server and boto3 for the object-storage tests
 # (tests/remote_s3.rs), in an environment of their own (tools/moto-env.sh:
-# about 90 MB the first time, a version check afterwards); exports
+# about 320 MB and half a minute the first time, a version check afterwards); exports
 # RKNOT_MOTO_SERVER, which build.rs and the tests read. A caller's
 # RKNOT_MOTO_SERVER is used as it is.
 if [ -z "${RKNOT_MOTO_SERVER:-}" ]; then
