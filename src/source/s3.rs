@@ -49,6 +49,15 @@ pub(crate) fn s3_client(
     opts: &RemoteOptions,
     retry: RetryConfig,
 ) -> Result<AmazonS3, String> {
+    s3_client_and_region(bucket, opts, retry).map(|(s, _)| s)
+}
+
+/// [`s3_client`] and the region it signs for.
+pub(crate) fn s3_client_and_region(
+    bucket: &str,
+    opts: &RemoteOptions,
+    retry: RetryConfig,
+) -> Result<(AmazonS3, String), String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
     // The profile files, for what the environment does not set.
@@ -99,10 +108,16 @@ pub(crate) fn s3_client(
             client = client.with_root_certificate(c);
         }
     }
-    b.with_client_options(client)
+    // object_store's default, which build() applies too.
+    let region = b
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .unwrap_or_else(|| "us-east-1".into());
+    let store = b
+        .with_client_options(client)
         .with_retry(retry)
         .build()
-        .map_err(|e| format!("cannot set up the S3 client: {e}"))
+        .map_err(|e| format!("cannot set up the S3 client: {e}"))?;
+    Ok((store, region))
 }
 
 /// Check an endpoint URL: `http://` or `https://`, a host, nothing the

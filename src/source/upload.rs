@@ -18,9 +18,10 @@
 //!   completion carries `If-None-Match: *`, so S3 refuses it (412) if an
 //!   object appeared meanwhile. object_store's multipart API always
 //!   completes unconditionally, so the completion is sent here: a request
-//!   presigned by object_store (SigV4 over the uploadId and the
-//!   If-None-Match header) and posted with reqwest. A store that ignores
-//!   the header (see docs/OPERATIONS.md) leaves only the early check.
+//!   signed (SigV4, the If-None-Match header included) by object_store's
+//!   public signer (`AwsAuthorizer`) with the store's credentials, posted
+//!   with reqwest. A store that ignores the header (see
+//!   docs/OPERATIONS.md) leaves only the early check.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -28,9 +29,10 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use object_store::aws::AmazonS3;
+use object_store::aws::AwsAuthorizer;
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path as ObjPath;
-use object_store::signer::{SignedUrlOptions, Signer};
+use object_store::signer::Signer;
 use object_store::{ObjectStoreExt, PutPayload, RetryConfig};
 use reqwest::header::{HeaderValue, IF_NONE_MATCH};
 
@@ -191,6 +193,8 @@ pub struct S3Upload {
     id: u64,
     rt: tokio::runtime::Runtime,
     store: Arc<AmazonS3>,
+    /// The store's region (the signature's scope).
+    region: String,
     opts: RemoteOptions,
     location: ObjPath,
     upload_id: String,
@@ -237,10 +241,9 @@ impl S3Upload {
             max_retries: opts.max_retries as usize,
             ..RetryConfig::default()
         };
-        let store = Arc::new(
-            super::s3::s3_client(&bucket, opts, retry)
-                .map_err(|m| err(ErrorKind::Io, m).path(std::path::Path::new(&shown)))?,
-        );
+        let (store, region) = super::s3::s3_client_and_region(&bucket, opts, retry)
+            .map_err(|m| err(ErrorKind::Io, m).path(std::path::Path::new(&shown)))?;
+        let store = Arc::new(store);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("rknot-upload")
@@ -282,6 +285,7 @@ impl S3Upload {
             id,
             rt,
             store,
+            region,
             opts: opts.clone(),
             location,
             upload_id,
@@ -378,18 +382,20 @@ impl S3Upload {
         let shown = std::path::Path::new(&self.shown);
         let fail =
             |m: String| err(ErrorKind::Io, format!("CompleteMultipartUpload: {m}")).path(shown);
-        let options = SignedUrlOptions::default()
-            .with_query([("uploadId", self.upload_id.as_str())])
-            .with_signed_header(IF_NONE_MATCH, HeaderValue::from_static("*"));
-        let url = self
+        // The object's URL exactly as object_store addresses it
+        // (endpoint, path or virtual-host style, key encoding): a
+        // presigned URL without its query string.
+        let mut url = self
             .rt
-            .block_on(self.store.signed_url_opts(
+            .block_on(self.store.signed_url(
                 reqwest::Method::POST,
                 &self.location,
-                Duration::from_secs(3600),
-                &options,
+                Duration::from_secs(60),
             ))
-            .map_err(|e| fail(format!("cannot sign the request: {e}")))?;
+            .map_err(|e| fail(format!("cannot address the object: {e}")))?;
+        url.set_query(None);
+        url.query_pairs_mut()
+            .append_pair("uploadId", &self.upload_id);
         let mut body = String::from("<CompleteMultipartUpload>");
         for (i, p) in parts.iter().enumerate() {
             body += &format!(
@@ -416,10 +422,15 @@ impl S3Upload {
             .map_err(|e| fail(format!("cannot set up the HTTP client: {e}")))?;
         let mut attempt = 0u32;
         loop {
+            // Signed anew each attempt (the signature carries the time).
+            let signed = self
+                .rt
+                .block_on(self.sign_post(url.as_str(), &body))
+                .map_err(|e| fail(format!("cannot sign the request: {e}")))?;
             let sent = self.rt.block_on(async {
                 let r = client
                     .post(url.clone())
-                    .header(IF_NONE_MATCH, "*")
+                    .headers(signed)
                     .body(body.clone())
                     .send()
                     .await?;
@@ -451,7 +462,9 @@ impl S3Upload {
                     };
                     return Err(fail(format!("HTTP {s}: {}{hint}", first_line(&text))));
                 }
-                Err(e) => e.to_string(),
+                // Without the URL: a presigned one carries the key id and
+                // the signature in its query string.
+                Err(e) => e.without_url().to_string(),
             };
             if attempt >= self.opts.max_retries {
                 return Err(fail(format!("{retry} (gave up after {attempt} retries)")));
@@ -460,6 +473,36 @@ impl S3Upload {
             log::warn!("{}: CompleteMultipartUpload: {retry}; retrying", self.shown);
             std::thread::sleep(self.opts.backoff.saturating_mul(1 << attempt.min(6)));
         }
+    }
+}
+
+impl S3Upload {
+    /// The headers of a SigV4-signed `POST url` with `body` and
+    /// `If-None-Match: *` (signed with every other header, the payload's
+    /// SHA-256 included), by object_store's own signer and credentials.
+    async fn sign_post(
+        &self,
+        url: &str,
+        body: &str,
+    ) -> std::result::Result<reqwest::header::HeaderMap, String> {
+        let credential = self
+            .store
+            .credentials()
+            .get_credential()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut request: object_store::client::HttpRequest = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(url)
+            .header(IF_NONE_MATCH, HeaderValue::from_static("*"))
+            .body(object_store::client::HttpRequestBody::from(
+                body.to_string(),
+            ))
+            .map_err(|e| e.to_string())?;
+        AwsAuthorizer::new(&credential, "s3", &self.region)
+            .try_authorize(&mut request, None)
+            .map_err(|e| e.to_string())?;
+        Ok(request.headers().clone())
     }
 }
 

@@ -4,6 +4,11 @@
 //! and fetch objects and list multipart uploads. The child processes a test
 //! runs get the server's endpoint and test credentials through [`S3::env`];
 //! the server is killed when the [`S3`] is dropped.
+//!
+//! The server checks credentials and signatures as S3 does (moto's
+//! authentication, on after its first requests, which create an IAM user
+//! with an access key allowed everything): a request signed wrongly, or
+//! with a wrong secret, gets 403.
 #![allow(dead_code)]
 
 use std::net::{TcpListener, TcpStream};
@@ -11,8 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const ACCESS_KEY: &str = "test";
-pub const SECRET_KEY: &str = "test";
 pub const REGION: &str = "us-east-1";
 
 pub struct S3 {
@@ -22,6 +25,9 @@ pub struct S3 {
     pub endpoint: String,
     python: PathBuf,
     pub dir: tempfile::TempDir,
+    /// The key the server made for the tests.
+    pub access_key: String,
+    pub secret_key: String,
 }
 
 /// The `moto_server` to run. Tests that call this are ignored at build time
@@ -49,16 +55,6 @@ impl S3 {
     /// Start a server and wait until it answers (a few tries: another
     /// process may take the free port between the probe and the bind).
     pub fn start() -> S3 {
-        S3::start_with(false)
-    }
-
-    /// A server that checks credentials: it knows none, so every request
-    /// is refused with 403 (InvalidAccessKeyId), as wrong keys are.
-    pub fn start_checking_credentials() -> S3 {
-        S3::start_with(true)
-    }
-
-    fn start_with(check_credentials: bool) -> S3 {
         let server = moto_server();
         let python = server.with_file_name("python3");
         let mut dir = tempfile::tempdir().unwrap();
@@ -67,15 +63,11 @@ impl S3 {
             let port = free_port();
             let log = dir.path().join(format!("moto-{port}.log"));
             let out = std::fs::File::create(&log).unwrap();
-            let mut cmd = Command::new(&server);
-            if check_credentials {
+            let child = Command::new(&server)
                 // moto's switch for authentication: after this many
-                // requests (none here) every request is checked.
-                cmd.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
-            } else {
-                cmd.env_remove("INITIAL_NO_AUTH_ACTION_COUNT");
-            }
-            let child = cmd
+                // requests (the three of `create_key`) every request is
+                // checked.
+                .env("INITIAL_NO_AUTH_ACTION_COUNT", "3")
                 .args(["-H", "127.0.0.1", "-p", &port.to_string()])
                 .stdin(Stdio::null())
                 .stdout(out.try_clone().unwrap())
@@ -88,10 +80,13 @@ impl S3 {
                 endpoint: format!("http://127.0.0.1:{port}"),
                 python: python.clone(),
                 dir,
+                access_key: "unused".into(),
+                secret_key: "unused".into(),
             };
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    s.create_key();
                     return s;
                 }
                 if s.child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
@@ -107,14 +102,34 @@ impl S3 {
         panic!("moto_server did not come up:\n{last_log}");
     }
 
+    /// An IAM user with an access key allowed everything (the server's
+    /// first three requests, made before it checks credentials).
+    fn create_key(&mut self) {
+        let out = self.boto(
+            "import json\n\
+             iam = boto3.client('iam', endpoint_url=s3.meta.endpoint_url, \
+             aws_access_key_id='setup', aws_secret_access_key='setup', region_name='us-east-1')\n\
+             iam.create_user(UserName='rknot-tests')\n\
+             k = iam.create_access_key(UserName='rknot-tests')['AccessKey']\n\
+             iam.put_user_policy(UserName='rknot-tests', PolicyName='all', PolicyDocument=\
+             json.dumps({'Version': '2012-10-17', 'Statement': \
+             [{'Effect': 'Allow', 'Action': '*', 'Resource': '*'}]}))\n\
+             print(k['AccessKeyId'], k['SecretAccessKey'])",
+            &[],
+        );
+        let mut words = out.split_whitespace();
+        self.access_key = words.next().expect("an access key id").to_string();
+        self.secret_key = words.next().expect("a secret key").to_string();
+    }
+
     /// The environment the S3 client of rknot reads (test credentials,
     /// region, this server as AWS_ENDPOINT_URL), with the profile files
     /// pointed at nothing so the machine's own never count.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("AWS_ENDPOINT_URL", self.endpoint.clone()),
-            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.into()),
-            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.into()),
+            ("AWS_ACCESS_KEY_ID", self.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret_key.clone()),
             ("AWS_REGION", REGION.into()),
             ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent".into()),
             ("AWS_CONFIG_FILE", "/nonexistent".into()),
@@ -139,9 +154,9 @@ impl S3 {
     pub fn boto(&self, script: &str, argv: &[&str]) -> String {
         let prelude = format!(
             "import sys, boto3\n\
-             s3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='{ACCESS_KEY}', \
-             aws_secret_access_key='{SECRET_KEY}', region_name='{REGION}')\n",
-            self.endpoint
+             s3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='{}', \
+             aws_secret_access_key='{}', region_name='{REGION}')\n",
+            self.endpoint, self.access_key, self.secret_key
         );
         let o = Command::new(&self.python)
             .arg("-c")
