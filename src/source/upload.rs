@@ -462,8 +462,7 @@ impl S3Upload {
                     };
                     return Err(fail(format!("HTTP {s}: {}{hint}", first_line(&text))));
                 }
-                // Without the URL: a presigned one carries the key id and
-                // the signature in its query string.
+                // Without the URL (its uploadId is noise in a message).
                 Err(e) => e.without_url().to_string(),
             };
             if attempt >= self.opts.max_retries {
