@@ -305,7 +305,8 @@ impl S3Upload {
 
     fn part_size(&self) -> usize {
         let n = self.parts.len() + self.in_flight.len();
-        FIRST_PART << (n / PARTS_PER_SIZE).min(10)
+        // At most 4 GiB (S3 takes parts up to 5 GiB).
+        FIRST_PART << (n / PARTS_PER_SIZE).min(9)
     }
 
     /// Wait for the oldest part in flight.
