@@ -225,6 +225,12 @@ fn object_error(shown: &str, what: &str, e: object_store::Error) -> crate::error
         E::Unauthenticated { .. } => {
             format!("{what}: HTTP 401: not authenticated (check the credentials)")
         }
+        // Without keys in the environment or the profile files,
+        // object_store asks the EC2 instance metadata service last.
+        _ if e.to_string().contains("169.254.169.254") => format!(
+            "{what}: no AWS credentials (none in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the \
+             profile files, and no EC2 instance metadata service answered): {e}"
+        ),
         _ => format!("{what}: {e}"),
     };
     err(ErrorKind::Io, msg).path(std::path::Path::new(shown))
