@@ -21,7 +21,10 @@
 //!   builds them, tools/test.sh sets it);
 //! - `rknot_no_hf`: `RKNOT_HF_PYTHON` is not set (the transformers checks
 //!   of the `hf/` view; tools/hf-env.sh makes that Python, tools/test.sh
-//!   sets it).
+//!   sets it);
+//! - `rknot_no_moto`: `RKNOT_MOTO_SERVER` is not set (the S3 tests,
+//!   tests/remote_s3.rs, against moto's server; tools/moto-env.sh installs
+//!   it, tools/test.sh sets it).
 //!
 //! `RKNOT_REQUIRE_FUSE=1` / `RKNOT_REQUIRE_MODEL=1` never emit their cfg: the
 //! tests then run and fail loudly at run time when the capability is
@@ -95,10 +98,11 @@ fn have_model() -> bool {
 
 /// The opt-in tests: the variable that turns each on, and the cfg emitted
 /// when it is unset or empty.
-const OPT_INS: [(&str, &str); 3] = [
+const OPT_INS: [(&str, &str); 4] = [
     ("RKNOT_LLAMA_PYTHON", "rknot_no_llama"),
     ("RKNOT_LLAMA_BIN", "rknot_no_llama_cpp"),
     ("RKNOT_HF_PYTHON", "rknot_no_hf"),
+    ("RKNOT_MOTO_SERVER", "rknot_no_moto"),
 ];
 
 /// The cfgs of the tests that need a capability (see the top of the file).

@@ -150,7 +150,7 @@ struct RemoteMount {
 fn mount_url(url: &str, env: &[(&str, &str)]) -> RemoteMount {
     // A remote source has no directory of its own for ctl jobs.
     let jobs = tempfile::tempdir().unwrap();
-    let m = Mounted::new_with_env(
+    let m = Mounted::with_env(
         Path::new(url),
         &["--jobs-dir", jobs.path().to_str().unwrap()],
         env,

@@ -8,7 +8,8 @@
 # time, and the independent reader written from docs/FORMAT.md.
 #
 # Required by default: root, /dev/fuse (opened read-write), fusermount3,
-# the SmolLM2 model, and torch + transformers (tools/hf-env.sh). A machine
+# the SmolLM2 model, torch + transformers (tools/hf-env.sh) and moto's S3
+# server (tools/moto-env.sh). A machine
 # without one of them fails here, before the tests, naming what is missing
 # (exports RKNOT_REQUIRE_FUSE=1 and RKNOT_REQUIRE_MODEL=1, so a test that
 # cannot run fails instead of passing).
@@ -84,6 +85,20 @@ if [ -z "${RKNOT_HF_PYTHON:-}" ]; then
   fi
 fi
 echo "transformers checks: ${RKNOT_HF_PYTHON:-off}"
+# moto's S3 server and boto3 for the object-storage tests
+# (tests/remote_s3.rs), in an environment of their own (tools/moto-env.sh:
+# about 320 MB and half a minute the first time, a version check afterwards); exports
+# RKNOT_MOTO_SERVER, which build.rs and the tests read. A caller's
+# RKNOT_MOTO_SERVER is used as it is.
+if [ -z "${RKNOT_MOTO_SERVER:-}" ]; then
+  . tools/moto-env.sh
+  if ! rknot_moto_env; then
+    echo "could not set up moto's S3 server (tools/moto-env.sh)"
+    $allow_skip || exit 1
+    echo "RKNOT_ALLOW_SKIP is set: the S3 tests are reported as ignored"
+  fi
+fi
+echo "S3 server: ${RKNOT_MOTO_SERVER:-off}"
 
 step "capabilities: FUSE mounts and the SmolLM2 model"
 # The same checks as build.rs and the tests' fuse_available()/smollm2().

@@ -248,7 +248,7 @@ fn source_read_secs(url: &str, size: u64) -> BResult<f64> {
         .map_err(|e| e.to_string())?;
     // The whole object is one extent: read-ahead runs to its end (as it
     // does inside each tensor of a mounted model).
-    src.set_extents(vec![0..size]);
+    src.set_extents(std::iter::once(0..size).collect());
     let mut buf = vec![0u8; 8 << 20];
     let mut off = 0u64;
     while off < size {

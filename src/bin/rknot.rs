@@ -9,6 +9,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use rknot::backend::{self, Backend};
 use rknot::progress::{Meter, Mode, Unit};
 use rknot::report;
+use rknot::source::cli::RemoteArgs;
 use rknot::text::escape_json_text;
 
 #[derive(Parser)]
@@ -45,6 +46,8 @@ enum Cmd {
         /// tokenizer's arrays can make this tens of MB).
         #[arg(long, requires = "json")]
         full: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Write a tensor's decoded little-endian f32 bytes to stdout: exactly
     /// what the mount serves for it.
@@ -63,12 +66,17 @@ enum Cmd {
         /// Bytes to write at most (default: to the end of the tensor).
         #[arg(long)]
         length: Option<u64>,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Encode a dense model (GGUF or dense .knot) into SK32, .rknot or
     /// dense .knot. Writes a temporary file next to the output, then
     /// renames it: a failed or killed encoding leaves nothing at OUT. OUT
     /// gets at most the input's permission bits; an existing OUT is replaced
-    /// only with --overwrite, and the input itself never.
+    /// only with --overwrite, and the input itself never. OUT may be
+    /// s3://BUCKET/KEY: a multipart upload, visible only once complete,
+    /// aborted on failure, SIGINT or SIGTERM; an existing object is
+    /// replaced only with --overwrite (conditional completion).
     Encode {
         #[command(subcommand)]
         what: EncodeCmd,
@@ -95,6 +103,8 @@ enum Cmd {
         /// header and every tensor it lists; each mismatch is named.
         #[arg(long, value_name = "FILE.sums")]
         manifest: Option<PathBuf>,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Write a manifest: in sha256sum format, the SHA-256 of FILE (and
     /// --dense) whole, of its header and of each tensor's stored bytes, for
@@ -113,6 +123,8 @@ enum Cmd {
         /// Replace an existing OUT.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Run the model in fp32 over the tensors served (file, layered file
     /// or mounted directory): top-K next tokens, greedy generation,
@@ -175,6 +187,8 @@ enum EncodeCmd {
         /// Replace an existing OUT.
         #[arg(long)]
         overwrite: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Spectral-residual .rknot of the attention and FFN matrices.
     Rknot {
@@ -225,6 +239,8 @@ enum EncodeCmd {
         /// Replace an existing OUT.
         #[arg(long)]
         overwrite: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// GGUF -> dense .knot repack (ggml blocks verbatim).
     Knot {
@@ -236,6 +252,8 @@ enum EncodeCmd {
         /// Replace an existing OUT.
         #[arg(long)]
         overwrite: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
 }
 
@@ -367,6 +385,15 @@ fn subcommand(mut cmd: clap::Command, path: &[&str]) -> clap::Command {
     cmd
 }
 
+/// The remote-source flags of subcommand `cmd`, set for every source it
+/// opens; a bad value is a usage error.
+fn install_remote(
+    cmd: &'static [&'static str],
+    remote: &RemoteArgs,
+) -> Result<(), Box<dyn std::error::Error>> {
+    remote.install().map_err(|m| usage(cmd, m))
+}
+
 /// clap value parser: a count of at least 1.
 fn at_least_1(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
@@ -443,7 +470,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             dense,
             json,
             full,
+            remote,
         } => {
+            install_remote(&["inspect"], &remote)?;
             let b = backend::open(&file, dense.as_deref())?;
             if json {
                 // Streamed: one tensor's JSON at a time.
@@ -463,7 +492,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             dense,
             offset,
             length,
+            remote,
         } => {
+            install_remote(&["cat"], &remote)?;
             let b = backend::open(&file, dense.as_deref())?;
             cat(b.as_ref(), &tensor, offset, length)
         }
@@ -474,7 +505,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             integrity: true,
             json,
             manifest,
+            remote,
         } => {
+            install_remote(&["verify"], &remote)?;
             let r = rknot::verify::verify_integrity(&encoded, mode);
             let rd = dense
                 .as_deref()
@@ -527,8 +560,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             dense,
             json,
             manifest,
+            remote,
             ..
         } => {
+            install_remote(&["verify"], &remote)?;
             let r = rknot::verify::verify(&encoded, dense.as_deref(), mode)?;
             let checked = match &manifest {
                 Some(m) => Some(check_manifest(m, &encoded, dense.as_deref(), mode)?),
@@ -563,7 +598,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             dense,
             out,
             force,
+            remote,
         } => {
+            install_remote(&["manifest"], &remote)?;
             let mut files = vec![file.as_path()];
             files.extend(dense.as_deref());
             let progress = Meter::new("manifest", Unit::Bytes, mode);
@@ -578,7 +615,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             );
             Ok(())
         }
-        Cmd::Probe(a) => rknot::probe::run(a),
+        Cmd::Probe(a) => {
+            install_remote(&["probe"], &a.remote)?;
+            rknot::probe::run(a)
+        }
         Cmd::Completions { shell, mount } => {
             let (mut cmd, name) = if mount {
                 (rknot::mount::cli::MountCli::command(), "rknot-mount")
@@ -664,6 +704,33 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>> {
     use rknot::encode::output::OutputTarget;
     use rknot::encode::{self, Progress};
+    // An object store has no inode to compare: an output URL naming the
+    // input is refused by name (with --overwrite it would replace the
+    // model being read).
+    let (out_path, in_path, cmd): (&PathBuf, &PathBuf, &'static [&'static str]) = match &what {
+        EncodeCmd::Sk32 { out, dense, .. } => (out, dense, &["encode", "sk32"]),
+        EncodeCmd::Rknot { out, dense, .. } => (out, dense, &["encode", "rknot"]),
+        EncodeCmd::Knot { out, gguf, .. } => (out, gguf, &["encode", "knot"]),
+    };
+    if let Some(o) = out_path.to_str().filter(|o| rknot::source::is_remote(o)) {
+        let same = in_path.to_str().is_some_and(|i| {
+            rknot::source::redact(i).eq_ignore_ascii_case(&rknot::source::redact(o))
+        });
+        if same {
+            return Err(usage(
+                cmd,
+                format!(
+                    "{}: the output is the input: refusing to replace the model being encoded",
+                    rknot::source::redact(o)
+                ),
+            ));
+        }
+        if let Err(m) = rknot::source::upload::parse_output_url(o) {
+            return Err(usage(cmd, format!("{}: {m}", rknot::source::redact(o))));
+        }
+        // Interrupted, the upload is aborted rather than left stored.
+        rknot::source::upload::abort_on_signals();
+    }
     let progress = Progress::for_cli(mode);
     let t0 = std::time::Instant::now();
     let (out, input, source, summary) = match what {
@@ -677,7 +744,9 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             no_clip,
             no_refit,
             overwrite,
+            remote,
         } => {
+            install_remote(&["encode", "sk32"], &remote)?;
             let b = backend::open(&dense, None)?;
             check_encode_input(&["encode", "sk32"], b.as_ref(), &dense)?;
             eprintln!("rknot: warning: {}", encode::warnings::SK32);
@@ -716,7 +785,9 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             tensors,
             compressed_only,
             overwrite,
+            remote,
         } => {
+            install_remote(&["encode", "rknot"], &remote)?;
             let b = backend::open(&dense, None)?;
             check_encode_input(&["encode", "rknot"], b.as_ref(), &dense)?;
             let profile = encode::rknot::Profile::parse(&profile).ok_or_else(|| {
@@ -750,7 +821,9 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             gguf,
             out,
             overwrite,
+            remote,
         } => {
+            install_remote(&["encode", "knot"], &remote)?;
             let b = backend::open(&gguf, None)?;
             check_encode_input(&["encode", "knot"], b.as_ref(), &gguf)?;
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
@@ -758,10 +831,18 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             (out, gguf, b, "dense .knot".to_string())
         }
     };
-    let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
     // Honest size: the whole file over the parameters it serves (opening
     // the output reads only its header).
     let written = backend::open(&out, None).ok();
+    let size = std::fs::metadata(&out)
+        .map(|m| m.len())
+        .unwrap_or_else(|_| {
+            // An uploaded object: its size as opened.
+            written
+                .as_ref()
+                .and_then(|b| b.source_files().first().map(|f| f.len()))
+                .unwrap_or(0)
+        });
     let (parameters, payload) = written.as_ref().map_or((0, 0), |b| {
         b.tensors()
             .entries()

@@ -11,6 +11,11 @@
 //!   that appears while the encoder runs: the commit is
 //!   `renameat2(RENAME_NOREPLACE)`, or `link` + `unlink` where the
 //!   filesystem lacks it; both fail with EEXIST instead of replacing;
+//! - an `s3://BUCKET/KEY` target is a multipart upload instead
+//!   ([`crate::source::upload::S3Upload`]): the object appears only when
+//!   complete, an unfinished upload is aborted, and without `overwrite` an
+//!   existing object is never replaced (conditional completion); an
+//!   `http(s)://` target is refused;
 //! - it is never one of its own sources (same device and inode, a hard
 //!   link included): checked when the output is created and, with
 //!   `overwrite`, again right before the rename.
@@ -98,6 +103,9 @@ pub struct AtomicOutput {
     /// Whether `temp` is still ours to remove (false once committed).
     temp_exists: bool,
     no_replace: NoReplace,
+    /// The upload of an `s3://` target (then `writer` is None and `temp`
+    /// is the URL, redacted).
+    remote: Option<crate::source::upload::S3Upload>,
 }
 
 /// A distinct number per temporary file of this process.
@@ -165,6 +173,22 @@ impl AtomicOutput {
     /// an error either way.
     pub fn create(target: &OutputTarget) -> Result<AtomicOutput> {
         let path = &target.path;
+        if let Some(url) = path.to_str().filter(|s| crate::source::is_remote(s)) {
+            let upload = crate::source::upload::S3Upload::create(
+                url,
+                target.overwrite,
+                &crate::source::RemoteOptions::current(),
+            )?;
+            return Ok(AtomicOutput {
+                target: target.clone(),
+                temp: PathBuf::from(upload.url()),
+                writer: None,
+                written: 0,
+                temp_exists: false,
+                no_replace: NoReplace::Rename,
+                remote: Some(upload),
+            });
+        }
         target.check_not_a_source()?;
         if !target.overwrite && std::fs::symlink_metadata(path).is_ok() {
             return Err(err(
@@ -205,6 +229,7 @@ impl AtomicOutput {
             written: 0,
             temp_exists: true,
             no_replace: NoReplace::Rename,
+            remote: None,
         })
     }
 
@@ -218,11 +243,16 @@ impl AtomicOutput {
     /// is made. `O_TMPFILE` where the filesystem has it; otherwise a
     /// hidden name that is removed at once.
     pub fn scratch_file(&self) -> Result<File> {
-        let dir = self
-            .temp
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
+        // An upload has no directory of its own: the system's temporary one.
+        let tmp = std::env::temp_dir();
+        let dir = if self.remote.is_some() {
+            tmp.as_path()
+        } else {
+            self.temp
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+        };
         if let Ok(c) = CString::new(dir.as_os_str().as_bytes()) {
             // SAFETY: c is a valid C string; the returned descriptor is
             // ours alone and owned by the File from here on.
@@ -259,6 +289,9 @@ impl AtomicOutput {
     /// Flush, fsync, move into place, fsync the directory. On any error the
     /// temporary file is removed (by drop) and the target is as it was.
     pub fn commit(mut self) -> Result<u64> {
+        if let Some(upload) = self.remote.take() {
+            return upload.commit();
+        }
         let w = self
             .writer
             .take()
@@ -311,6 +344,11 @@ impl AtomicOutput {
 
 impl Write for AtomicOutput {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(u) = self.remote.as_mut() {
+            let n = u.write(buf)?;
+            self.written += n as u64;
+            return Ok(n);
+        }
         let w = self
             .writer
             .as_mut()

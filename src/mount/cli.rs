@@ -50,9 +50,11 @@ pub struct MountCli {
     /// Mount options, comma-separated (repeatable): allow_other, allow_root,
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
     /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=, views=,
-    /// jobs_dir=, max_jobs=, nojobs, stop_timeout=, manifest=,
+    /// jobs_dir=, jobs_remote_prefix=, max_jobs=, nojobs, stop_timeout=, manifest=,
     /// unverified=hold|allow, decoded_cache=, decoded_cache_gb=,
-    /// nopassthrough. An unknown option or a bad value is a usage
+    /// nopassthrough, endpoint=, ca_bundle=, source_cache=,
+    /// source_cache_gb=, remote_cache_mb=, part_size_mb=, remote_retries=.
+    /// An unknown option or a bad value is a usage
     /// error (exit 2).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -92,6 +94,8 @@ pub struct MountCli {
     /// for comparisons and tests.
     #[arg(long)]
     pub no_passthrough: bool,
+    #[command(flatten)]
+    pub remote: crate::source::cli::RemoteArgs,
 }
 
 fn parse_cache_mb(s: &str) -> Result<u64, String> {
@@ -136,6 +140,7 @@ impl MountCli {
             decoded_cache: self.decoded_cache,
             decoded_cache_gb: self.decoded_cache_gb,
             no_passthrough: self.no_passthrough,
+            remote: self.remote,
         }
     }
 }

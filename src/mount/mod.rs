@@ -70,6 +70,9 @@ pub struct MountRequest {
     pub decoded_cache: Option<PathBuf>,
     pub decoded_cache_gb: Option<f64>,
     pub no_passthrough: bool,
+    /// Remote-source flags (`--endpoint`, `--source-cache`, ...); override
+    /// the `-o` forms.
+    pub remote: crate::source::cli::RemoteArgs,
 }
 
 /// A failure before or during mounting: message for the user.
@@ -96,6 +99,9 @@ fn n_cpus() -> usize {
 
 fn prepare(req: &MountRequest) -> Result<Prepared, String> {
     let (opts, _) = options::parse_with(&req.options, req.sloppy)?;
+    // Before any source is opened (and before the fork of background
+    // mode, which keeps it).
+    req.remote.or(&opts.remote).install()?;
     checks::check_fuse()?;
     let mountpoint = checks::check_mountpoint(&req.mountpoint)?;
     let dense = req
@@ -230,11 +236,26 @@ fn jobs_config(
     if opts.no_jobs {
         return Ok(None);
     }
-    let dir = match req
+    let jobs_dir = req
         .jobs_dir
         .clone()
-        .or_else(|| opts.jobs_dir.as_ref().map(PathBuf::from))
-    {
+        .or_else(|| opts.jobs_dir.as_ref().map(PathBuf::from));
+    // The administrator's object-store prefix: outputs are uploaded there
+    // (src/source/upload.rs), still only under plain names.
+    if let Some(prefix) = &opts.jobs_remote_prefix {
+        if let Some(d) = jobs_dir {
+            return Err(format!(
+                "jobs_remote_prefix={prefix} and a jobs directory ({}) exclude each other",
+                d.display()
+            ));
+        }
+        return Ok(Some(crate::fs::JobsConfig {
+            dir: PathBuf::from(prefix),
+            max_running: opts.max_jobs.unwrap_or(1).max(1),
+            threads: n_cpus().saturating_sub(1).max(1),
+        }));
+    }
+    let dir = match jobs_dir {
         Some(d) => std::path::absolute(&d).unwrap_or(d),
         // A remote source has no local directory: jobs only with --jobs-dir.
         None if source.to_str().is_some_and(crate::source::is_remote) => {

@@ -4,6 +4,7 @@ use fuser::{MountOption, SessionACL};
 
 use crate::fs::views::{ElemFormat, ViewSet};
 use crate::integrity::manifest::Unverified;
+use crate::source::cli as remote_cli;
 
 /// Everything `-o` can set.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,6 +22,9 @@ pub struct MountOpts {
     pub dense: Option<String>,
     pub views: Option<ViewSet>,
     pub jobs_dir: Option<String>,
+    /// `s3://BUCKET/PREFIX/` where encoding jobs write instead of a
+    /// directory (normalized to end with `/`).
+    pub jobs_remote_prefix: Option<String>,
     pub max_jobs: Option<usize>,
     pub no_jobs: bool,
     /// Seconds between the first stop signal and aborting the connection.
@@ -33,14 +37,20 @@ pub struct MountOpts {
     pub decoded_cache: Option<String>,
     pub decoded_cache_gb: Option<f64>,
     pub no_passthrough: bool,
+    /// Remote sources: endpoint=, ca_bundle=, source_cache=,
+    /// source_cache_gb=, remote_cache_mb=, part_size_mb=, remote_retries=
+    /// (the flags of the same names win).
+    pub remote: crate::source::cli::RemoteArgs,
 }
 
 pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
 uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
 prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
-noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, max_jobs=N, nojobs; stop_timeout=SECS; \
+noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, jobs_remote_prefix=s3://BUCKET/PREFIX/, \
+max_jobs=N, nojobs; stop_timeout=SECS; \
 integrity: manifest=FILE.sums, unverified=hold|allow; decoded cache: decoded_cache=DIR, \
-decoded_cache_gb=N, nopassthrough";
+decoded_cache_gb=N, nopassthrough; remote sources: endpoint=URL, ca_bundle=FILE, source_cache=DIR, \
+source_cache_gb=N, remote_cache_mb=N, part_size_mb=N, remote_retries=N";
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -159,6 +169,12 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
             }
             ("dense", Some(v)) if !v.is_empty() => o.dense = Some(v.to_string()),
             ("jobs_dir", Some(v)) if !v.is_empty() => o.jobs_dir = Some(v.to_string()),
+            ("jobs_remote_prefix", Some(v)) => {
+                o.jobs_remote_prefix = Some(
+                    crate::source::upload::check_output_prefix(v)
+                        .map_err(|e| format!("mount option jobs_remote_prefix={v:?}: {e}"))?,
+                )
+            }
             ("max_jobs", Some(v)) => {
                 o.max_jobs = Some(checked(key, v, |n: usize| {
                     if n == 0 {
@@ -179,6 +195,26 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
             ("decoded_cache", Some(v)) if !v.is_empty() => o.decoded_cache = Some(v.to_string()),
             ("decoded_cache_gb", Some(v)) => o.decoded_cache_gb = Some(checked(key, v, check_gb)?),
             ("nopassthrough", None) => o.no_passthrough = true,
+            ("endpoint", Some(v)) => {
+                o.remote.endpoint = Some(
+                    remote_cli::check_endpoint(v)
+                        .map_err(|e| format!("mount option endpoint={v:?}: {e}"))?,
+                )
+            }
+            ("ca_bundle", Some(v)) if !v.is_empty() => o.remote.ca_bundle = Some(v.into()),
+            ("source_cache", Some(v)) if !v.is_empty() => o.remote.source_cache = Some(v.into()),
+            ("source_cache_gb", Some(v)) => {
+                o.remote.source_cache_gb = Some(checked(key, v, remote_cli::check_gb)?)
+            }
+            ("remote_cache_mb", Some(v)) => {
+                o.remote.remote_cache_mb = Some(checked(key, v, remote_cli::check_remote_cache_mb)?)
+            }
+            ("part_size_mb", Some(v)) => {
+                o.remote.part_size_mb = Some(checked(key, v, remote_cli::check_part_size_mb)?)
+            }
+            ("remote_retries", Some(v)) => {
+                o.remote.remote_retries = Some(checked(key, v, remote_cli::check_retries)?)
+            }
             ("views", Some(v)) => {
                 views = Some(v.to_string());
                 views_open = true;
@@ -369,6 +405,38 @@ mod tests {
         assert!(p(&["chunk_kb=16385"]).is_err());
         assert_eq!(p(&["chunk_kb=16384"]).unwrap().chunk_kb, Some(16384));
         assert!(p(&["max_jobs=0"]).unwrap_err().contains("at least 1"));
+    }
+
+    #[test]
+    fn remote_options() {
+        let o = p(&[
+            "endpoint=http://127.0.0.1:9000,source_cache=/var/cache/rk,source_cache_gb=2.5",
+            "remote_cache_mb=64,part_size_mb=4,remote_retries=0",
+        ])
+        .unwrap();
+        assert_eq!(o.remote.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(o.remote.source_cache_gb, Some(2.5));
+        assert_eq!(
+            (
+                o.remote.remote_cache_mb,
+                o.remote.part_size_mb,
+                o.remote.remote_retries
+            ),
+            (Some(64), Some(4), Some(0))
+        );
+        assert!(p(&["endpoint=ftp://x"]).unwrap_err().contains("http"));
+        assert!(p(&["part_size_mb=0"]).unwrap_err().contains("part_size_mb"));
+        assert!(p(&["remote_retries=1000"]).is_err());
+        assert!(p(&["remote_cache_mb=0"]).is_err());
+        assert_eq!(
+            p(&["jobs_remote_prefix=s3://b/jobs"])
+                .unwrap()
+                .jobs_remote_prefix
+                .as_deref(),
+            Some("s3://b/jobs/")
+        );
+        assert!(p(&["jobs_remote_prefix=/srv/jobs"]).is_err());
+        assert!(p(&["source_cache_gb=-1"]).is_err());
     }
 
     #[test]

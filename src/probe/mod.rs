@@ -45,6 +45,8 @@ pub struct ProbeArgs {
     /// Dense fallback (GGUF or dense .knot) for tensors SOURCE lacks.
     #[arg(long)]
     pub dense: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: crate::source::cli::RemoteArgs,
     /// Prompt text (control tokens such as <|im_start|> are parsed).
     #[arg(long)]
     pub prompt: Option<String>,

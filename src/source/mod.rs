@@ -22,10 +22,13 @@
 //! source is seen changed, nothing more is read from it.
 
 mod argv;
+pub mod cli;
 mod http;
 mod local;
 mod parts;
 mod remote;
+mod s3;
+pub mod upload;
 
 use std::fmt;
 use std::path::Path;

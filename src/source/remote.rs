@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
-use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 
 use super::http::BlockSplitter;
@@ -238,11 +238,8 @@ pub fn stop_runtime() -> bool {
 
 #[derive(Debug, Clone)]
 enum Target {
-    /// Base URL (scheme and host) and the object's path.
-    Http {
-        base: String,
-        allow_http: bool,
-    },
+    /// An `http(s)` URL, used as given (`RemoteFile::url`).
+    Http,
     S3 {
         bucket: String,
     },
@@ -277,10 +274,7 @@ fn parse_url(url: &str) -> std::result::Result<(Target, ObjPath), String> {
     }
     let location = ObjPath::from_url_path(key).map_err(|e| format!("bad object path: {e}"))?;
     let target = match scheme.as_str() {
-        "http" | "https" => Target::Http {
-            base: format!("{scheme}://{auth}"),
-            allow_http: scheme == "http",
-        },
+        "http" | "https" => Target::Http,
         "s3" => Target::S3 {
             bucket: auth.to_string(),
         },
@@ -289,36 +283,11 @@ fn parse_url(url: &str) -> std::result::Result<(Target, ObjPath), String> {
     Ok((target, location))
 }
 
-fn build_store(t: &Target, o: &RemoteOptions) -> std::result::Result<Arc<dyn ObjectStore>, String> {
-    let retry = RetryConfig {
-        max_retries: 0,
-        ..RetryConfig::default()
-    };
-    let client = ClientOptions::new()
-        .with_timeout(o.timeout)
-        .with_connect_timeout(Duration::from_secs(10));
-    Ok(match t {
-        Target::Http { base, allow_http } => Arc::new(
-            object_store::http::HttpBuilder::new()
-                .with_url(base.clone())
-                .with_client_options(client.with_allow_http(*allow_http))
-                .with_retry(retry)
-                .build()
-                .map_err(|e| format!("cannot set up the HTTP client: {e}"))?,
-        ),
-        Target::S3 { bucket } => {
-            let endpoint_http = std::env::var("AWS_ENDPOINT_URL")
-                .is_ok_and(|e| e.to_ascii_lowercase().starts_with("http://"));
-            Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket.clone())
-                    .with_client_options(client.with_allow_http(endpoint_http))
-                    .with_retry(retry)
-                    .build()
-                    .map_err(|e| format!("cannot set up the S3 client: {e}"))?,
-            )
-        }
-    })
+fn build_store(
+    bucket: &str,
+    o: &RemoteOptions,
+) -> std::result::Result<Arc<dyn ObjectStore>, String> {
+    super::s3::s3_store(bucket, o)
 }
 
 // ---------------------------------------------------------------------------
@@ -626,8 +595,8 @@ fn build_client(
     ca_pem: Option<&[u8]>,
 ) -> std::result::Result<Client, String> {
     Ok(match target {
-        Target::Http { .. } => Client::Http(super::http::client(opts, ca_pem)?),
-        Target::S3 { .. } => Client::Store(build_store(target, opts)?),
+        Target::Http => Client::Http(super::http::client(opts, ca_pem)?),
+        Target::S3 { bucket } => Client::Store(build_store(bucket, opts)?),
     })
 }
 
@@ -1284,9 +1253,7 @@ mod tests {
     #[test]
     fn parses_urls() {
         let (t, l) = parse_url("http://127.0.0.1:80/d/m%20x.gguf").unwrap();
-        assert!(
-            matches!(t, Target::Http { ref base, allow_http: true } if base == "http://127.0.0.1:80")
-        );
+        assert!(matches!(t, Target::Http));
         assert_eq!(l.as_ref(), "d/m x.gguf");
         let (t, l) = parse_url("s3://models/q/7b.rknot").unwrap();
         assert!(matches!(t, Target::S3 { ref bucket } if bucket == "models"));

@@ -143,6 +143,7 @@ pub mod capability;
 pub mod fault_proxy;
 pub mod http_server;
 pub mod mount;
+pub mod s3;
 pub mod users;
 
 /// An SK32 with rank-8 sketches of a few SmolLM2 matrices (token_embd

@@ -51,12 +51,17 @@ impl Mounted {
     /// Mount `source` (plus `args`) in the foreground and wait until it
     /// answers. Panics with the daemon's stderr if it does not come up.
     pub fn new(source: &Path, args: &[&str]) -> Mounted {
-        Mounted::new_with_env(source, args, &[])
+        Mounted::with_env::<&str>(source, args, &[])
     }
 
     /// [`Mounted::new`] with extra environment variables for the daemon
-    /// (e.g. RKNOT_REMOTE_RETRIES).
-    pub fn new_with_env(source: &Path, args: &[&str], env: &[(&str, &str)]) -> Mounted {
+    /// (e.g. RKNOT_REMOTE_RETRIES, or the endpoint and credentials of a
+    /// test S3 server).
+    pub fn with_env<V: AsRef<std::ffi::OsStr>>(
+        source: &Path,
+        args: &[&str],
+        env: &[(&str, V)],
+    ) -> Mounted {
         let dir = tempfile::tempdir().unwrap();
         let mp = dir.path().join("mnt");
         std::fs::create_dir(&mp).unwrap();
@@ -68,7 +73,7 @@ impl Mounted {
             .arg("--foreground")
             .args(args)
             .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).unwrap())
