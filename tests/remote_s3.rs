@@ -523,3 +523,84 @@ fn encode_from_s3_to_s3() {
     );
     eprintln!("encode s3 -> s3: {:.1} s", t0.elapsed().as_secs_f64());
 }
+
+/// The fault proxy (tests/common/fault_proxy.rs) between rknot and the S3
+/// server, as the endpoint: with 503s, reset connections and truncated
+/// bodies, a mount via s3:// serves exactly the local mount's bytes (after
+/// retries); then with the object's ETag rewritten (a new version), reads
+/// of blocks not yet fetched fail (ESTALE or EIO), never with other bytes,
+/// and the daemon lives on.
+#[test]
+#[cfg_attr(
+    rknot_no_moto,
+    ignore = "needs moto's S3 server: export RKNOT_MOTO_SERVER=$(tools/moto-env.sh) (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_model, not(rknot_no_moto)),
+    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
+)]
+fn s3_through_a_fault_proxy_gives_right_bytes_or_errors() {
+    use std::sync::atomic::Ordering;
+    let Some(model) = smollm2() else { return };
+    if !fuse_available() {
+        return;
+    }
+    let s3 = S3::start();
+    s3.create_bucket(BUCKET);
+    s3.upload(&model, BUCKET, "model.gguf");
+    let proxy =
+        common::fault_proxy::FaultProxy::start(format!("127.0.0.1:{}", s3.port).parse().unwrap());
+    let f = &proxy.faults;
+    f.error_every.store(3, Ordering::SeqCst);
+    f.drop_every.store(4, Ordering::SeqCst);
+    f.truncate_every.store(5, Ordering::SeqCst);
+    let mut env = s3.env();
+    env.push(("RKNOT_REMOTE_RETRIES", "30".into()));
+    env.push(("RKNOT_REMOTE_BACKOFF_MS", "2".into()));
+    let endpoint = format!("http://127.0.0.1:{}", proxy.port);
+    let local = Mounted::new(&model, &[]);
+    let remote = Mounted::with_env(
+        Path::new(&format!("s3://{BUCKET}/model.gguf")),
+        &["--endpoint", &endpoint],
+        &env,
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&local.mp)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        // One spelling of each layer tensor (the dotted one).
+        .filter(|n| n.starts_with("blk.") && n.ends_with(".f32"))
+        .collect();
+    names.sort();
+    let (read_now, read_later) = names.split_at(names.len() / 2);
+    for n in read_now.iter().step_by(4) {
+        let want = std::fs::read(local.path(n)).unwrap();
+        let got = std::fs::read(remote.path(n)).unwrap();
+        assert!(got == want, "{n}: wrong bytes through the faults");
+    }
+    assert!(proxy.injected() > 0, "no fault was injected");
+    let ctl = remote.ctl();
+    assert!(ctl.contains("retries") && !ctl.contains("CHANGED"), "{ctl}");
+    // A new version, as far as rknot can tell.
+    f.clear();
+    *f.rewrite_etag.lock().unwrap() = Some("\"another-version\"".into());
+    let mut refused = 0;
+    for n in read_later.iter().step_by(4) {
+        match std::fs::read(remote.path(n)) {
+            Ok(got) => {
+                // Only possible for bytes already cached before the change.
+                assert!(
+                    got == std::fs::read(local.path(n)).unwrap(),
+                    "{n}: wrong bytes"
+                );
+            }
+            Err(e) => {
+                let errno = e.raw_os_error().unwrap_or(0);
+                assert!(errno == libc::ESTALE || errno == libc::EIO, "{n}: {e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no read saw the new version");
+    assert!(remote.ctl().contains("CHANGED"));
+    proxy.assert_clean();
+}
