@@ -539,6 +539,10 @@ struct Stream {
     next: u64,
     window: u64,
     last_used: u64,
+    /// The extent (index) of its last read inside one.
+    extent: Option<usize>,
+    /// Whether it went on from one extent into another.
+    crossed: bool,
 }
 
 const MAX_STREAMS: usize = 16;
@@ -979,7 +983,12 @@ impl Inner {
             .readahead_max
             .min(self.opts.cache_bytes / 4)
             .max(part);
-        let window = {
+        let extent = {
+            let extents = self.extents.read().unwrap_or_else(|p| p.into_inner());
+            let i = extents.partition_point(|r| r.end < end);
+            extents.get(i).filter(|r| r.start < end).map(|r| (i, r.end))
+        };
+        let (window, crossed) = {
             let mut st = lock(&self.streams);
             st.tick += 1;
             let tick = st.tick;
@@ -996,20 +1005,27 @@ impl Inner {
                     s.window = (s.window * 2).clamp(part, max);
                     s.next = s.next.max(end);
                     s.last_used = tick;
-                    s.window
+                    let now = extent.map(|e| e.0);
+                    if s.extent.is_some() && now.is_some() && s.extent != now {
+                        s.crossed = true;
+                    }
+                    s.extent = now.or(s.extent);
+                    (s.window, s.crossed)
                 }
                 None => {
                     let fresh = Stream {
                         next: end,
                         window: 0,
                         last_used: tick,
+                        extent: extent.map(|e| e.0),
+                        crossed: false,
                     };
                     if st.list.len() < MAX_STREAMS {
                         st.list.push(fresh);
                     } else if let Some(oldest) = st.list.iter_mut().min_by_key(|s| s.last_used) {
                         *oldest = fresh;
                     }
-                    0
+                    (0, false)
                 }
             }
         };
@@ -1017,14 +1033,15 @@ impl Inner {
         if window == 0 {
             return last_block;
         }
-        let extents = self.extents.read().unwrap_or_else(|p| p.into_inner());
-        let i = extents.partition_point(|r| r.end < end);
-        let Some(extent) = extents.get(i).filter(|r| r.start < end) else {
+        let Some((_, extent_end)) = extent else {
             return last_block;
         };
-        let stop = (end.saturating_add(window))
-            .min(extent.end)
-            .min(self.pin.size);
+        // A stream that went on from one tensor into the next reads the
+        // file whole (cat of a view, an engine loading the model): its
+        // read-ahead runs on across tensors, with no stall at each one's
+        // end. One that has not stays inside its tensor.
+        let limit = if crossed { self.pin.size } else { extent_end };
+        let stop = (end.saturating_add(window)).min(limit).min(self.pin.size);
         stop.div_ceil(bs).max(last_block)
     }
 
