@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_RANGE, ETAG, IF_MATCH, LAST_MODIFIED, RANGE};
+use reqwest::header::{CONTENT_RANGE, ETAG, HeaderMap, IF_MATCH, LAST_MODIFIED, RANGE};
 
 use super::FileTime;
 use super::remote::{Attempt, Pin, RANGE_IGNORED, RemoteOptions, pin_changes};
@@ -96,23 +96,8 @@ pub(crate) async fn get_range(
         }
         s => return Err(status_error(s)),
     }
-    let headers = resp.headers();
-    let text = |h| headers.get(h).and_then(|v| v.to_str().ok());
-    let (start, end, total) = text(CONTENT_RANGE)
-        .and_then(parse_content_range)
-        .ok_or_else(|| {
-            Attempt::Final(
-                ErrorKind::Io,
-                "a 206 response without a valid Content-Range header".into(),
-            )
-        })?;
-    let now = Pin {
-        etag: text(ETAG).map(str::to_string),
-        size: total,
-        last_modified: text(LAST_MODIFIED)
-            .and_then(parse_http_date)
-            .unwrap_or(FileTime { secs: 0, nanos: 0 }),
-    };
+    let (start, end, total) = content_range(resp.headers())?;
+    let now = version_of(resp.headers(), total);
     // The version first: a changed object may also answer other bytes.
     if let Some(d) = pin_changes(pin, &now) {
         return Err(Attempt::Final(ErrorKind::Changed, d));
@@ -220,36 +205,23 @@ pub(crate) async fn get_first(
         .map_err(transport_error)?;
     let status = resp.status();
     let headers = resp.headers();
-    let text = |h| headers.get(h).and_then(|v| v.to_str().ok());
-    let etag = text(ETAG).map(str::to_string);
-    let last_modified = text(LAST_MODIFIED)
-        .and_then(parse_http_date)
-        .unwrap_or(FileTime { secs: 0, nanos: 0 });
     match status {
         StatusCode::PARTIAL_CONTENT => {}
         StatusCode::RANGE_NOT_SATISFIABLE
-            if text(CONTENT_RANGE).is_some_and(|c| c.trim() == "bytes */0") =>
+            if headers
+                .get(CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|c| c.trim() == "bytes */0") =>
         {
             return Ok(RangeResponse {
                 body: Bytes::new(),
-                pin: Pin {
-                    etag,
-                    size: 0,
-                    last_modified,
-                },
+                pin: version_of(headers, 0),
             });
         }
         StatusCode::OK => return Err(Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into())),
         s => return Err(status_error(s)),
     }
-    let (start, end, total) = text(CONTENT_RANGE)
-        .and_then(parse_content_range)
-        .ok_or_else(|| {
-            Attempt::Final(
-                ErrorKind::Io,
-                "a 206 response without a valid Content-Range header".into(),
-            )
-        })?;
+    let (start, end, total) = content_range(headers)?;
     let expect_end = want_len.max(1).min(total);
     if start != 0 || end != expect_end {
         return Err(Attempt::Final(
@@ -261,11 +233,7 @@ pub(crate) async fn get_first(
             ),
         ));
     }
-    let pin = Pin {
-        etag,
-        size: total,
-        last_modified,
-    };
+    let pin = version_of(resp.headers(), total);
     let body = resp.bytes().await.map_err(transport_error)?;
     if body.len() as u64 != end {
         return Err(Attempt::Retry(format!(
@@ -274,6 +242,33 @@ pub(crate) async fn get_first(
         )));
     }
     Ok(RangeResponse { body, pin })
+}
+
+/// The range a 206 answered: `(start, end exclusive, object size)`.
+fn content_range(headers: &HeaderMap) -> Result<(u64, u64, u64), Attempt> {
+    headers
+        .get(CONTENT_RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_content_range)
+        .ok_or_else(|| {
+            Attempt::Final(
+                ErrorKind::Io,
+                "a 206 response without a valid Content-Range header".into(),
+            )
+        })
+}
+
+/// The version an answer is of: its ETag, the object's size, its
+/// Last-Modified (the epoch when absent or unreadable).
+fn version_of(headers: &HeaderMap, size: u64) -> Pin {
+    let text = |h| headers.get(h).and_then(|v| v.to_str().ok());
+    Pin {
+        etag: text(ETAG).map(str::to_string),
+        size,
+        last_modified: text(LAST_MODIFIED)
+            .and_then(parse_http_date)
+            .unwrap_or(FileTime { secs: 0, nanos: 0 }),
+    }
 }
 
 /// A status other than 206: 404/403/401 and other 4xx are definite answers;
