@@ -422,7 +422,7 @@ fn disk_cache_serves_remounts_detects_corruption_and_keeps_versions_apart() {
 }
 
 /// Every command reads a layered model whose both files are remote: a
-/// .rknot over http with `--dense` over http. verify, probe, cat and a
+/// .rknot (and, mounted, an SK32) over http with `--dense` over http. verify, probe, cat and a
 /// layered mount give exactly what the same local files give.
 #[test]
 fn layered_remote_model_in_every_command() {
@@ -476,20 +476,28 @@ fn layered_remote_model_in_every_command() {
     if !fuse_available() {
         return;
     }
-    let a = Mounted::new(&rk, &["--dense", ggl]);
-    let b = Mounted::new(Path::new(&rku), &["--dense", &ggu]);
-    for name in &names {
-        let f = format!("{name}.f32");
-        assert!(
-            std::fs::read(a.path(&f)).unwrap() == std::fs::read(b.path(&f)).unwrap(),
-            "{name}"
-        );
-    }
-    for view in ["model.gguf", "model.safetensors"] {
-        assert!(
-            std::fs::read(a.path(view)).unwrap() == std::fs::read(b.path(view)).unwrap(),
-            "{view}"
-        );
+    // The .rknot and the SK32 sketch, each over http with the GGUF as
+    // --dense over http, against the same local files mounted.
+    let sk = demo_path("tiny-llama.sk32");
+    let ss = Server::start(std::fs::read(&sk).unwrap());
+    for (local, url) in [(&rk, rku.clone()), (&sk, ss.url("m.gguf"))] {
+        let a = Mounted::new(local, &["--dense", ggl]);
+        let b = Mounted::new(Path::new(&url), &["--dense", &ggu]);
+        for name in &names {
+            let f = format!("{name}.f32");
+            assert!(
+                std::fs::read(a.path(&f)).unwrap() == std::fs::read(b.path(&f)).unwrap(),
+                "{}: {name}",
+                local.display()
+            );
+        }
+        for view in ["model.gguf", "model.safetensors"] {
+            assert!(
+                std::fs::read(a.path(view)).unwrap() == std::fs::read(b.path(view)).unwrap(),
+                "{}: {view}",
+                local.display()
+            );
+        }
     }
 }
 
