@@ -557,6 +557,10 @@ fn s3_through_a_fault_proxy_gives_right_bytes_or_errors() {
     let mut env = s3.env();
     env.push(("RKNOT_REMOTE_RETRIES", "30".into()));
     env.push(("RKNOT_REMOTE_BACKOFF_MS", "2".into()));
+    // A memory cache of 8 MiB (read-ahead at most 2 MiB): the tensors read
+    // after the change cannot all be cached from before it (a whole-file
+    // reader's read-ahead may otherwise have brought most of the 94 MB).
+    env.push(("RKNOT_REMOTE_CACHE_BYTES", (8u64 << 20).to_string()));
     let endpoint = format!("http://127.0.0.1:{}", proxy.port);
     let local = Mounted::new(&model, &[]);
     let remote = Mounted::with_env(
@@ -580,6 +584,7 @@ fn s3_through_a_fault_proxy_gives_right_bytes_or_errors() {
     assert!(proxy.injected() > 0, "no fault was injected");
     let ctl = remote.ctl();
     assert!(ctl.contains("retries") && !ctl.contains("CHANGED"), "{ctl}");
+    assert!(ctl.contains("of 8388608 B"), "the 8 MiB memory cache: {ctl}");
     // A new version, as far as rknot can tell.
     f.clear();
     *f.rewrite_etag.lock().unwrap() = Some("\"another-version\"".into());
