@@ -584,7 +584,10 @@ fn s3_through_a_fault_proxy_gives_right_bytes_or_errors() {
     assert!(proxy.injected() > 0, "no fault was injected");
     let ctl = remote.ctl();
     assert!(ctl.contains("retries") && !ctl.contains("CHANGED"), "{ctl}");
-    assert!(ctl.contains("of 8388608 B"), "the 8 MiB memory cache: {ctl}");
+    assert!(
+        ctl.contains("of 8388608 B"),
+        "the 8 MiB memory cache: {ctl}"
+    );
     // A new version, as far as rknot can tell.
     f.clear();
     *f.rewrite_etag.lock().unwrap() = Some("\"another-version\"".into());

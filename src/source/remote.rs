@@ -541,7 +541,8 @@ struct Stream {
     last_used: u64,
     /// The extent (index) of its last read inside one.
     extent: Option<usize>,
-    /// Whether it went on from one extent into another.
+    /// Whether it read one extent to its end and went on into the next
+    /// (a reader of the whole file).
     crossed: bool,
 }
 
@@ -983,8 +984,8 @@ impl Inner {
             .readahead_max
             .min(self.opts.cache_bytes / 4)
             .max(part);
+        let extents = self.extents.read().unwrap_or_else(|p| p.into_inner());
         let extent = {
-            let extents = self.extents.read().unwrap_or_else(|p| p.into_inner());
             let i = extents.partition_point(|r| r.end < end);
             extents.get(i).filter(|r| r.start < end).map(|r| (i, r.end))
         };
@@ -1002,14 +1003,21 @@ impl Inner {
                 .find(|s| offset + part >= s.next && offset <= s.next + part);
             match found {
                 Some(s) => {
+                    // Crossed: it read its extent to (near) the end and now
+                    // reads the start of the next one, as a reader of the
+                    // whole file does; not a reader of a few nearby tensors.
+                    if let (Some(was), Some((now, _))) = (s.extent, extent)
+                        && now == was + 1
+                        && let (Some(prev), Some(cur)) = (extents.get(was), extents.get(now))
+                        && s.next + bs >= prev.end
+                        && offset <= cur.start + bs
+                    {
+                        s.crossed = true;
+                    }
                     s.window = (s.window * 2).clamp(part, max);
                     s.next = s.next.max(end);
                     s.last_used = tick;
-                    let now = extent.map(|e| e.0);
-                    if s.extent.is_some() && now.is_some() && s.extent != now {
-                        s.crossed = true;
-                    }
-                    s.extent = now.or(s.extent);
+                    s.extent = extent.map(|e| e.0).or(s.extent);
                     (s.window, s.crossed)
                 }
                 None => {
@@ -1029,6 +1037,7 @@ impl Inner {
                 }
             }
         };
+        drop(extents);
         let last_block = (end - 1) / bs + 1;
         if window == 0 {
             return last_block;
