@@ -51,7 +51,7 @@ use serde_json::{Map, Value, json};
 use sha2::Digest;
 
 use super::linalg::matmul_t;
-use super::model::{KvCache, Residency};
+use super::model::{Config, KvCache, Residency};
 use super::{BoxResult, Tokenizer, load, read_text};
 use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::error::{Error, ErrorKind, Result, err};
@@ -141,6 +141,53 @@ impl StatsRecorder {
             layers: (0..n_layer).map(|_| Default::default()).collect(),
             fault: None,
         }
+    }
+
+    /// A recorder for `cfg`'s layers with every sum allocated now, so a
+    /// model whose Gram matrices do not fit in memory is an error here
+    /// rather than an abort mid-pass (f64 sums: 8 d² bytes per input;
+    /// SmolLM2 0.8 GB, a 7B model about 44 GB).
+    pub fn for_model(cfg: &Config, gram: bool) -> Result<StatsRecorder> {
+        let mut r = StatsRecorder::new(cfg.n_layer, gram);
+        let widths = [cfg.d_model, cfg.q_dim(), cfg.d_model, cfg.d_ff];
+        // f64 per layer; None when even the count overflows.
+        let total = widths.iter().try_fold(0usize, |acc, &d| {
+            let g = if gram { d.checked_mul(d)? } else { 0 };
+            acc.checked_add(d)?.checked_add(g)
+        });
+        let too_large = || {
+            err(
+                ErrorKind::TooLarge,
+                format!(
+                    "the statistics' sums of {} layers of inputs {widths:?} wide do not fit \
+                     in three quarters of the memory available{}",
+                    cfg.n_layer,
+                    if gram {
+                        " (the Gram matrices; try without --gram)"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+        };
+        // Allocations succeed lazily on Linux and fail only when touched:
+        // ask MemAvailable first, as the probe does for the weights.
+        let bytes = total
+            .and_then(|t| t.checked_mul(8))
+            .and_then(|b| b.checked_mul(cfg.n_layer));
+        if !bytes.is_some_and(super::model::fits_in_memory) {
+            return Err(too_large());
+        }
+        for layer in &mut r.layers {
+            for (s, &d) in layer.iter_mut().zip(&widths) {
+                s.d = d;
+                s.sum_sq = zeros_f64(d).ok_or_else(too_large)?;
+                if gram {
+                    s.gram = d.checked_mul(d).and_then(zeros_f64).ok_or_else(too_large)?;
+                }
+            }
+        }
+        Ok(r)
     }
 
     /// Means over the rows seen. `meta` goes into the file's metadata.
@@ -233,6 +280,14 @@ impl ActivationRecorder for StatsRecorder {
         }
         s.rows += n as u64;
     }
+}
+
+/// `n` zeros, or None when the memory is not there.
+fn zeros_f64(n: usize) -> Option<Vec<f64>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).ok()?;
+    v.resize(n, 0.0);
+    Some(v)
 }
 
 /// The statistics of one matrix input.
@@ -354,7 +409,7 @@ pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
     f.read_exact(&mut len8)
         .map_err(|_| err(ErrorKind::Truncated, "shorter than a STATS header").path(path))?;
     let hlen = u64::from_le_bytes(len8);
-    if hlen > MAX_HEADER || hlen > file_len - 8 {
+    if hlen > MAX_HEADER || hlen > file_len.saturating_sub(8) {
         return Err(err(
             ErrorKind::Truncated,
             format!("header of {hlen} bytes in a file of {file_len}"),
@@ -720,7 +775,7 @@ fn run_in_pool(args: &CalibrateArgs) -> BoxResult<()> {
         }
     )?;
     let model = &main.model;
-    let mut rec = StatsRecorder::new(model.config.n_layer, args.gram);
+    let mut rec = StatsRecorder::for_model(&model.config, args.gram)?;
     let t = Instant::now();
     write!(so, "recording:")?;
     for (i, w) in windows.iter().enumerate() {
@@ -743,4 +798,60 @@ fn run_in_pool(args: &CalibrateArgs) -> BoxResult<()> {
         Site::ALL.len()
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::model::Arch;
+
+    fn config(n_layer: usize, d_model: usize, d_ff: usize) -> Config {
+        Config {
+            arch: Arch::Llama,
+            arch_name: "llama".into(),
+            n_layer,
+            d_model,
+            d_ff,
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim: d_model,
+            n_rot: 0,
+            rope_base: 10000.0,
+            rope_pos_scale: 1.0,
+            rope_neox: false,
+            rms_eps: 1e-5,
+            n_vocab: 1,
+            tied_embeddings: true,
+        }
+    }
+
+    #[test]
+    fn sums_that_cannot_fit_are_an_error_not_an_abort() {
+        // 2^33 wide: d² overflows on the way to a byte count.
+        let e = StatsRecorder::for_model(&config(1, 8, 1 << 33), true)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("--gram"), "{e}");
+        // A 70B-shaped model's Gram matrices: terabytes.
+        let e = StatsRecorder::for_model(&config(80, 8192, 28672), true)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("memory available"), "{e}");
+        // Mean squares alone fit.
+        let r = StatsRecorder::for_model(&config(2, 16, 32), false).unwrap();
+        assert_eq!(r.layers[1][Site::FfnDownIn.index()].sum_sq.len(), 32);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in Site::ALL {
+            assert_eq!(Site::from_name(s.name()), Some(s));
+            assert_eq!(
+                parse_name(&format!("blk.3.{}.gram", s.name())),
+                Some((3, s, "gram"))
+            );
+        }
+        assert_eq!(parse_name("blk.x.attn_in.gram"), None);
+        assert_eq!(parse_name("blk.0.attn_in.other"), None);
+    }
 }

@@ -399,7 +399,7 @@ fn not_loaded() -> crate::error::Error {
 
 /// Whether `bytes` fit in three quarters of MemAvailable (true when it
 /// cannot be read: holding the weights is the old, simple behaviour).
-fn fits_in_memory(bytes: usize) -> bool {
+pub(crate) fn fits_in_memory(bytes: usize) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
         return true;
     };
