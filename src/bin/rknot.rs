@@ -130,6 +130,10 @@ enum Cmd {
     /// or mounted directory): top-K next tokens, greedy generation,
     /// perplexity, and agreement with a reference (--compare).
     Probe(rknot::probe::ProbeArgs),
+    /// Run the model in fp32 over a calibration text and write, for every
+    /// matrix input of every layer, the per-channel mean of x² (and with
+    /// --gram the Gram matrix XᵀX / n) to a STATS file.
+    Calibrate(rknot::probe::calibrate::CalibrateArgs),
     /// Benchmarks (numbers and ratios measured in one run).
     Bench {
         #[command(subcommand)]
@@ -618,6 +622,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Cmd::Probe(a) => {
             install_remote(&["probe"], &a.remote)?;
             rknot::probe::run(a)
+        }
+        Cmd::Calibrate(a) => {
+            install_remote(&["calibrate"], &a.remote)?;
+            rknot::probe::calibrate::run(a)
         }
         Cmd::Completions { shell, mount } => {
             let (mut cmd, name) = if mount {

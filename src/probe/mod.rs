@@ -7,9 +7,12 @@
 //! - [`model`]: a llama/qwen2 decoder in fp32 with a KV cache;
 //! - [`tokenizer`]: byte-level BPE from the GGUF key/values;
 //! - [`linalg`]: SGEMM/GEMV on the rayon pool, norms, softmax;
+//! - [`calibrate`]: activation statistics for calibrated encoding
+//!   (`rknot calibrate`);
 //! - [`eval`]: top-k, greedy generation, perplexity (llama-perplexity's
 //!   windows), and two models' agreement (top-1, KL, logits cosine).
 
+pub mod calibrate;
 pub mod eval;
 pub mod linalg;
 pub mod model;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::calibrate::{ActivationRecorder, Site};
 use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
 use super::weights::WeightSource;
 use crate::error::{ErrorKind, Result, err};
@@ -398,7 +399,7 @@ fn not_loaded() -> crate::error::Error {
 
 /// Whether `bytes` fit in three quarters of MemAvailable (true when it
 /// cannot be read: holding the weights is the old, simple behaviour).
-fn fits_in_memory(bytes: usize) -> bool {
+pub(crate) fn fits_in_memory(bytes: usize) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
         return true;
     };
@@ -856,6 +857,20 @@ impl Model {
         cache: &mut KvCache,
         logit_rows: Range<usize>,
     ) -> Result<Vec<f32>> {
+        self.forward_recorded(tokens, cache, logit_rows, None)
+    }
+
+    /// [`Model::forward`], showing `recorder` (when there is one) the
+    /// input of every weight matrix of every layer: the batch's rows
+    /// exactly as they are multiplied. Without a recorder this is the
+    /// plain forward pass (one untaken branch per matrix).
+    pub fn forward_recorded(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        logit_rows: Range<usize>,
+        mut recorder: Option<&mut dyn ActivationRecorder>,
+    ) -> Result<Vec<f32>> {
         let c = &self.config;
         let (n, d, qd, kvd, ff) = (tokens.len(), c.d_model, c.q_dim(), c.kv_dim(), c.d_ff);
         if logit_rows.end > n || logit_rows.start > logit_rows.end {
@@ -886,6 +901,9 @@ impl Model {
         let mut act = vec![0f32; n * ff];
         for (li, l) in self.layers.iter().enumerate() {
             rms_norm(&x, &l.attn_norm, c.rms_eps, &mut h);
+            if let Some(r) = recorder.as_deref_mut() {
+                r.record(li, Site::AttnIn, &h, n);
+            }
             self.mul(&h, n, &l.wqkv, qkv_w, d, &mut qkv, &mut chunk)?;
             let (kc, vc) = (&mut cache.k[li], &mut cache.v[li]);
             for (i, row) in qkv.chunks_exact_mut(qkv_w).enumerate() {
@@ -903,16 +921,25 @@ impl Model {
                 vc.extend_from_slice(vr);
             }
             self.attention(&q, &cache.k[li], &cache.v[li], p0, &mut att);
+            if let Some(r) = recorder.as_deref_mut() {
+                r.record(li, Site::AttnOutIn, &att, n);
+            }
             self.mul(&att, n, &l.wo, d, qd, &mut proj, &mut chunk)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }
             rms_norm(&x, &l.ffn_norm, c.rms_eps, &mut h);
+            if let Some(r) = recorder.as_deref_mut() {
+                r.record(li, Site::FfnIn, &h, n);
+            }
             self.mul(&h, n, &l.w_gate_up, 2 * ff, d, &mut gu, &mut chunk)?;
             for (g, a) in gu.chunks_exact_mut(2 * ff).zip(act.chunks_exact_mut(ff)) {
                 let (gate, up) = g.split_at_mut(ff);
                 swiglu(gate, up);
                 a.copy_from_slice(gate);
+            }
+            if let Some(r) = recorder.as_deref_mut() {
+                r.record(li, Site::FfnDownIn, &act, n);
             }
             self.mul(&act, n, &l.w_down, d, ff, &mut proj, &mut chunk)?;
             for (a, b) in x.iter_mut().zip(&proj) {
