@@ -652,3 +652,43 @@ fn https_verifies_certificates_and_takes_a_ca_bundle() {
     let e = junk.unwrap_err().to_string();
     assert!(e.contains("CA bundle"), "{e}");
 }
+
+/// A URL that redirects (a Hugging Face resolve URL, to a presigned CDN
+/// URL): after open, requests go straight to where it led (one round trip
+/// each, not two); when that target refuses (expired), the URL as given is
+/// asked again and its new target used from then on. Never wrong bytes.
+#[test]
+fn redirect_targets_are_remembered_and_renewed_when_they_expire() {
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i * 31 + 7) as u8).collect();
+    let s = Server::start(data.clone());
+    let src = SourceFile::open_remote(&s.url("r.gguf"), opts(64 << 10)).unwrap();
+    assert_eq!(src.path(), Path::new(&s.url("r.gguf")));
+    // Open: the 302 and the first block.
+    assert_eq!(s.requests.load(Ordering::SeqCst), 2);
+    let read = |at: u64| {
+        let mut b = vec![0u8; 100];
+        src.read_at(at, &mut b).unwrap();
+        assert!(
+            b[..] == data[at as usize..at as usize + 100],
+            "bytes at {at}"
+        );
+    };
+    read(1_000_000);
+    assert_eq!(
+        s.requests.load(Ordering::SeqCst),
+        3,
+        "straight to the target"
+    );
+    s.faults.signature.fetch_add(1, Ordering::SeqCst);
+    read(2_000_000);
+    // 403 from the old target, then the 302 and the new target.
+    assert_eq!(s.requests.load(Ordering::SeqCst), 6);
+    read(3_000_000);
+    assert_eq!(
+        s.requests.load(Ordering::SeqCst),
+        7,
+        "straight to the new target"
+    );
+    let st = src.remote_stats().unwrap();
+    assert_eq!((st.retries, st.failures), (0, 1), "{st:?}");
+}

@@ -47,17 +47,20 @@ pub(crate) fn client(
         .map_err(|e| format!("cannot set up the HTTP client: {}", e.without_url()))
 }
 
-/// One ranged response: the bytes asked for and the version they are of.
+/// One ranged response: the bytes asked for, the version they are of, and
+/// the URL that answered (where redirects led).
 pub(crate) struct RangeResponse {
     pub body: Bytes,
     pub pin: Pin,
+    pub final_url: String,
 }
 
 /// `GET url` for bytes `want` of the version `pin` (conditional on
 /// `if_match` when given): the response must be a 206 for exactly `want`,
 /// of that version (ETag, size and, without an ETag, Last-Modified), else
 /// the object changed. `want` must not be empty. The body comes back cut
-/// into blocks of `block` bytes (the last may be short).
+/// into blocks of `block` bytes (the last may be short), with the URL that
+/// answered (where redirects led).
 pub(crate) async fn get_range(
     client: &reqwest::Client,
     url: &str,
@@ -65,7 +68,7 @@ pub(crate) async fn get_range(
     block: u64,
     pin: &Pin,
     if_match: Option<&str>,
-) -> Result<Vec<Bytes>, Attempt> {
+) -> Result<(Vec<Bytes>, String), Attempt> {
     let mut req = client
         .get(url)
         .header(RANGE, format!("bytes={}-{}", want.start, want.end - 1));
@@ -114,11 +117,12 @@ pub(crate) async fn get_range(
         ));
     }
     let mut resp = resp;
+    let final_url = resp.url().to_string();
     let mut blocks = BlockSplitter::new(block, want.end - want.start);
     while let Some(chunk) = resp.chunk().await.map_err(transport_error)? {
         blocks.push(&chunk)?;
     }
-    blocks.finish()
+    Ok((blocks.finish()?, final_url))
 }
 
 /// Cuts a response body into blocks of the cache's size as it arrives:
@@ -216,6 +220,7 @@ pub(crate) async fn get_first(
             return Ok(RangeResponse {
                 body: Bytes::new(),
                 pin: version_of(headers, 0),
+                final_url: resp.url().to_string(),
             });
         }
         StatusCode::OK => return Err(Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into())),
@@ -234,6 +239,7 @@ pub(crate) async fn get_first(
         ));
     }
     let pin = version_of(resp.headers(), total);
+    let final_url = resp.url().to_string();
     let body = resp.bytes().await.map_err(transport_error)?;
     if body.len() as u64 != end {
         return Err(Attempt::Retry(format!(
@@ -241,7 +247,11 @@ pub(crate) async fn get_first(
             body.len()
         )));
     }
-    Ok(RangeResponse { body, pin })
+    Ok(RangeResponse {
+        body,
+        pin,
+        final_url,
+    })
 }
 
 /// The range a 206 answered: `(start, end exclusive, object size)`.

@@ -558,6 +558,11 @@ struct Inner {
     /// The URL as given (query string included: a presigned URL's
     /// signature). Never printed.
     url: String,
+    /// Where `url` redirected to at open or since (e.g. a Hugging Face
+    /// resolve URL's presigned CDN URL): requests go there directly, one
+    /// round trip instead of two, until it refuses (expired), when `url`
+    /// is asked again. Never printed.
+    redirected: Mutex<Option<String>>,
     target: Target,
     location: ObjPath,
     opts: RemoteOptions,
@@ -716,6 +721,7 @@ impl RemoteFile {
         let client = build_client(&target, &opts, ca_pem.as_deref()).map_err(fail)?;
         let geometry = Geometry::of(opts.part_size);
         let counters = Counters::default();
+        let mut redirected = None;
         let (pin, first) = match &client {
             Client::Http(c) => {
                 let r = rt
@@ -726,6 +732,7 @@ impl RemoteFile {
                 counters
                     .bytes_fetched
                     .fetch_add(r.body.len() as u64, Ordering::Relaxed);
+                redirected = (r.final_url != url).then_some(r.final_url);
                 (r.pin, Some(r.body))
             }
             Client::Store(store) => {
@@ -744,6 +751,7 @@ impl RemoteFile {
             version: synth_version(&display, &pin),
             display,
             url: url.to_string(),
+            redirected: Mutex::new(redirected),
             target,
             location,
             geometry,
@@ -899,6 +907,14 @@ impl RemoteFile {
         }
         Ok(())
     }
+}
+
+/// Whether a failed request's message is a refusal (401, 403, 404, 410):
+/// what an expired presigned URL answers.
+fn refused(msg: &str) -> bool {
+    ["HTTP 401", "HTTP 403", "HTTP 404", "HTTP 410"]
+        .iter()
+        .any(|s| msg.contains(s))
 }
 
 /// The disk cache at `dir`, one per directory in the process: its size
@@ -1211,10 +1227,42 @@ impl Inner {
         let if_match = self.if_match.as_deref();
         match client {
             Client::Http(c) => {
-                retrying(&self.counters, &self.opts, &self.display, &what, || {
-                    super::http::get_range(c, &self.url, want.clone(), block, &self.pin, if_match)
+                let target = lock(&self.redirected).clone();
+                let url = target.as_deref().unwrap_or(&self.url);
+                let r = retrying(&self.counters, &self.opts, &self.display, &what, || {
+                    super::http::get_range(c, url, want.clone(), block, &self.pin, if_match)
                 })
-                .await
+                .await;
+                let r = match r {
+                    // The redirect target refuses: a presigned CDN URL that
+                    // expired. Ask the URL as given again (it redirects
+                    // afresh; reqwest follows), and go there from now on.
+                    Err((ErrorKind::Io, m)) if target.is_some() && refused(&m) => {
+                        log::info!(
+                            "{}: the URL it redirected to refuses ({m}); asking it again",
+                            self.display.display()
+                        );
+                        *lock(&self.redirected) = None;
+                        retrying(&self.counters, &self.opts, &self.display, &what, || {
+                            super::http::get_range(
+                                c,
+                                &self.url,
+                                want.clone(),
+                                block,
+                                &self.pin,
+                                if_match,
+                            )
+                        })
+                        .await
+                    }
+                    r => r,
+                };
+                r.map(|(blocks, answered)| {
+                    if answered != self.url {
+                        *lock(&self.redirected) = Some(answered);
+                    }
+                    blocks
+                })
             }
             Client::Store(s) => {
                 retrying(&self.counters, &self.opts, &self.display, &what, || {

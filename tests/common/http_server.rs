@@ -19,6 +19,10 @@ pub struct Faults {
     pub drop_every: AtomicU64,
     /// Answer ranged GETs with 200 and the whole body.
     pub ignore_range: AtomicBool,
+    /// The signature /r.gguf redirects to (/t.gguf?sig=N); /t.gguf answers
+    /// 403 to any other: bump it to expire the redirect targets given out
+    /// so far (a resolve URL redirecting to presigned CDN URLs).
+    pub signature: AtomicU64,
 }
 
 struct Object {
@@ -132,8 +136,23 @@ fn serve(
             Some((p, q)) => (p.to_string(), Some(q.to_string())),
             None => (path, None),
         };
+        let signature = format!("sig={}", faults.signature.load(Ordering::SeqCst));
         match path.as_str() {
             "/m.gguf" => {}
+            "/r.gguf" => {
+                respond(
+                    &mut w,
+                    "302 Found",
+                    &[&format!("Location: /t.gguf?{signature}")],
+                    b"",
+                )?;
+                continue;
+            }
+            "/t.gguf" if query.as_deref() == Some(signature.as_str()) => {}
+            "/t.gguf" => {
+                respond(&mut w, "403 Forbidden", &[], b"expired")?;
+                continue;
+            }
             "/p.gguf" if query.as_deref() == Some(PRESIGNED_QUERY) => {}
             "/p.gguf" => {
                 respond(&mut w, "403 Forbidden", &[], b"bad signature")?;
