@@ -25,7 +25,8 @@ use super::remote::{Attempt, Pin, RANGE_IGNORED, RemoteOptions, pin_changes};
 use crate::error::ErrorKind;
 
 /// A client for the current runtime, with the options' timeouts and extra
-/// CA certificates (added to the system's roots; verification stays on).
+/// CA certificates (added to the system's roots; verification stays on):
+/// for http(s) sources and for the conditional completion of S3 uploads.
 pub(crate) fn client(
     opts: &RemoteOptions,
     ca_pem: Option<&[u8]>,
@@ -36,11 +37,9 @@ pub(crate) fn client(
         .redirect(reqwest::redirect::Policy::limited(10))
         .user_agent(concat!("rknot/", env!("CARGO_PKG_VERSION")));
     if let Some(pem) = ca_pem {
+        // Checked by `remote::read_ca_bundle` when it was read.
         let certs = reqwest::Certificate::from_pem_bundle(pem)
             .map_err(|e| format!("the CA bundle holds no usable PEM certificate: {e}"))?;
-        if certs.is_empty() {
-            return Err("the CA bundle holds no PEM certificate".into());
-        }
         b = b.tls_certs_merge(certs);
     }
     b.build()
@@ -356,6 +355,24 @@ fn parse_http_date(v: &str) -> Option<FileTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bodies_are_cut_into_blocks_and_checked_for_length() {
+        let mut b = BlockSplitter::new(4, 10);
+        for piece in [&b"abc"[..], b"defgh", b"ij"] {
+            assert!(b.push(piece).is_ok());
+        }
+        let blocks = b.finish().ok().unwrap();
+        let got: Vec<&[u8]> = blocks.iter().map(|x| &x[..]).collect();
+        assert_eq!(got, [&b"abcd"[..], b"efgh", b"ij"]);
+        // A body longer than asked: refused outright, never stored.
+        let mut b = BlockSplitter::new(4, 5);
+        assert!(matches!(b.push(b"abcdef"), Err(Attempt::Final(..))));
+        // A short body (the connection closed early): retried.
+        let mut b = BlockSplitter::new(4, 10);
+        assert!(b.push(b"abcdef").is_ok());
+        assert!(matches!(b.finish(), Err(Attempt::Retry(m)) if m.contains("6 of 10")));
+    }
 
     #[test]
     fn content_ranges_and_dates() {

@@ -930,16 +930,25 @@ fn shared_disk_cache(dir: &Path, limit: u64) -> Result<Arc<SourcePartCache>> {
     Ok(c)
 }
 
-/// Read a CA bundle (at most 16 MiB: a bundle of every public CA is ~250 KB).
-fn read_ca_bundle(path: &Path) -> std::result::Result<Vec<u8>, String> {
+/// The bytes of a CA bundle (`--ca-bundle`), for every client (http(s),
+/// s3, uploads): at most 16 MiB (a bundle of every public CA is ~250 KB)
+/// and at least one PEM certificate, else an error naming the file.
+pub(crate) fn read_ca_bundle(path: &Path) -> std::result::Result<Vec<u8>, String> {
     use std::io::Read;
-    let f = std::fs::File::open(path)
-        .map_err(|e| format!("cannot open the CA bundle {}: {e}", path.display()))?;
+    let shown = crate::text::escape(&path.to_string_lossy()).to_string();
     let mut pem = Vec::new();
-    f.take(16 << 20)
-        .read_to_end(&mut pem)
-        .map_err(|e| format!("cannot read the CA bundle {}: {e}", path.display()))?;
-    Ok(pem)
+    std::fs::File::open(path)
+        .and_then(|f| f.take(16 << 20).read_to_end(&mut pem))
+        .map_err(|e| format!("CA bundle {shown}: {e}"))?;
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certs) if !certs.is_empty() => Ok(pem),
+        Ok(_) => Err(format!(
+            "CA bundle {shown}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)"
+        )),
+        Err(e) => Err(format!(
+            "CA bundle {shown}: not a PEM bundle of certificates: {e}"
+        )),
+    }
 }
 
 /// A [`SourceVersion`] standing for the pinned version: device 0 (no local

@@ -147,16 +147,13 @@ pub(crate) fn check_endpoint(e: &str) -> Result<bool, String> {
 
 /// The certificates of a PEM bundle (`--ca-bundle`), at least one.
 pub(crate) fn read_ca_bundle(path: &Path) -> Result<Vec<Certificate>, String> {
-    let shown = crate::text::escape(&path.to_string_lossy()).to_string();
-    let pem = std::fs::read(path).map_err(|e| format!("CA bundle {shown}: {e}"))?;
-    let certs = Certificate::from_pem_bundle(&pem)
-        .map_err(|e| format!("CA bundle {shown}: not a PEM bundle of certificates: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "CA bundle {shown}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)"
-        ));
-    }
-    Ok(certs)
+    let pem = super::remote::read_ca_bundle(path)?;
+    Certificate::from_pem_bundle(&pem).map_err(|e| {
+        format!(
+            "CA bundle {}: not a PEM bundle of certificates: {e}",
+            crate::text::escape(&path.to_string_lossy())
+        )
+    })
 }
 
 /// What this module takes from the AWS profile files.

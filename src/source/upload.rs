@@ -412,21 +412,17 @@ impl S3Upload {
             );
         }
         body += "</CompleteMultipartUpload>";
-        let mut client = reqwest::Client::builder()
-            .timeout(self.opts.timeout.max(Duration::from_secs(300)))
-            .connect_timeout(Duration::from_secs(10));
-        if let Some(bundle) = &self.opts.ca_bundle {
-            let pem = std::fs::read(bundle)
-                .map_err(|e| fail(format!("CA bundle {}: {e}", bundle.display())))?;
-            for c in reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| fail(format!("CA bundle {}: {e}", bundle.display())))?
-            {
-                client = client.add_root_certificate(c);
-            }
-        }
-        let client = client
-            .build()
-            .map_err(|e| fail(format!("cannot set up the HTTP client: {e}")))?;
+        let pem = match &self.opts.ca_bundle {
+            Some(bundle) => Some(super::remote::read_ca_bundle(bundle).map_err(fail)?),
+            None => None,
+        };
+        // The completion of a large upload can take minutes on the store's
+        // side: at least 300 s.
+        let patient = RemoteOptions {
+            timeout: self.opts.timeout.max(Duration::from_secs(300)),
+            ..self.opts.clone()
+        };
+        let client = super::http::client(&patient, pem.as_deref()).map_err(fail)?;
         let mut attempt = 0u32;
         loop {
             // Signed anew each attempt (the signature carries the time).
