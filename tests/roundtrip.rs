@@ -263,6 +263,7 @@ fn rknot_case() -> impl Strategy<Value = RknotCase> {
             let cc = if rc { m.k() } else { d_in };
             let coding = prop_oneof![
                 (1u8..=16).prop_map(|bits| Coding::Uniform { bits }),
+                (1u8..=16).prop_map(|bits| Coding::Affine { bits }),
                 (1u8..=16, any::<bool>()).prop_flat_map(move |(max_bits, rows)| {
                     let lines = if rows { cr } else { cc };
                     proptest::collection::vec(0u8..=max_bits, lines as usize).prop_map(
@@ -325,7 +326,7 @@ fn rknot_case() -> impl Strategy<Value = RknotCase> {
 /// Width of compact entry (r, c) under a coding.
 fn width(coding: &Coding, r: u64, c: u64) -> u8 {
     match coding {
-        Coding::Uniform { bits } => *bits,
+        Coding::Uniform { bits } | Coding::Affine { bits } => *bits,
         Coding::Graded {
             line_axis: Axis::Rows,
             line_bits,
@@ -354,9 +355,23 @@ fn rknot_payloads(case: &RknotCase, grid: &TileGrid) -> Vec<Vec<u8>> {
                     c & ((1u32 << width(&case.spec.coding, r, cc)) - 1)
                 })
                 .collect();
-            pack_block(&case.spec.coding, &t, *scale, &masked)
+            match case.spec.coding {
+                Coding::Affine { bits } => {
+                    let (s, o) = affine_params(*scale);
+                    rknot::format::rknot::pack_affine_block(bits, s, o, &masked)
+                }
+                _ => pack_block(&case.spec.coding, &t, *scale, &masked),
+            }
         })
         .collect()
+}
+
+/// An affine block's f16 scale and offset, made from the case's scale.
+fn affine_params(scale: f32) -> (half::f16, half::f16) {
+    (
+        half::f16::from_f32(scale),
+        half::f16::from_f32(-2.75 * scale),
+    )
 }
 
 /// Expected served tensor, computed from codes without the crate's decoder.
@@ -381,7 +396,11 @@ fn rknot_expected(case: &RknotCase, grid: &TileGrid) -> Vec<f32> {
                 let (r, c) = (t.row0 + i, t.col0 + jj);
                 let wd = width(&s.coding, r, c);
                 let code = codes[(i * t.cols + jj) as usize] & ((1u32 << wd) - 1);
-                let v = if wd == 0 {
+                let v = if let Coding::Affine { .. } = s.coding {
+                    // Section 6.3: code × scale, then + offset, in f32.
+                    let (sc, of) = affine_params(*scale);
+                    code as f32 * sc.to_f32() + of.to_f32()
+                } else if wd == 0 {
                     0.0
                 } else {
                     (code as i32 - (1i32 << (wd - 1))) as f32 * scale
@@ -437,6 +456,7 @@ fn rknot_quantizer_encodes_within_half_a_step() {
             line_axis: Axis::Cols,
             line_bits: vec![8, 0, 8],
         },
+        Coding::Affine { bits: 8 },
     ] {
         let spec = TensorSpec {
             name: "blk.0.attn_q.weight".into(),

@@ -738,6 +738,19 @@ def unpack_codes(payload: np.ndarray, widths: np.ndarray) -> np.ndarray:
 def decode_rknot_block(payload: bytes, tr: int, tc: int, mode: str, bits: int, line_axis):
     if len(payload) < 4:
         raise FormatError("block shorter than its scale")
+    if mode == "affine":
+        # Section 6.3: f16 scale, f16 offset, `bits`-bit codes; code*scale then +offset, each
+        # rounded to f32 (numpy float32 arithmetic: two roundings, no fused multiply-add).
+        scale, offset = np.frombuffer(payload, dtype="<f2", count=2).astype(F32)
+        if not (np.isfinite(scale) and np.isfinite(offset)):
+            raise FormatError(f"non-finite affine block scale {scale} / offset {offset}")
+        need = 4 + (tr * tc * bits + 7) // 8
+        if len(payload) != need:
+            raise FormatError(f"affine block length {len(payload)} != {need}")
+        p = np.frombuffer(payload, dtype=np.uint8)
+        codes = unpack_codes(p[4:], np.full(tr * tc, bits, dtype=np.int64))
+        prod = codes.astype(F32) * scale
+        return (prod + offset).astype(F32).reshape(tr, tc)
     scale = np.frombuffer(payload, dtype="<f4", count=1)[0]
     if not np.isfinite(scale):
         raise FormatError(f"non-finite block scale {scale}")
@@ -864,7 +877,7 @@ def _tile_dims(R, C, BR, BC, CT, n):
 def _length_bounds(tr, tc, mode, bits, line_axis):
     """Section 6.3, checked at open: [lo, hi] of a valid block length per tile."""
     codes = (tr * tc * bits + 7) // 8
-    if mode == "uniform":
+    if mode in ("uniform", "affine"):
         exact = 4 + codes
         return exact, exact
     lines = tr if line_axis == "rows" else tc
@@ -1018,7 +1031,7 @@ def open_rknot(path, buf):
             C = k if rcol else d_in
             mode = te["mode"]
             bits = _nonneg_int(te["bits"], "bits")
-            if mode not in ("uniform", "graded") or not 1 <= bits <= 16:
+            if mode not in ("uniform", "graded", "affine") or not 1 <= bits <= 16:
                 raise FormatError(f"{path}: {stored}: bad mode/bits")
             line_axis = te.get("line_axis") if mode == "graded" else None
             if mode == "graded" and line_axis not in ("rows", "cols"):

@@ -221,14 +221,55 @@ enum EncodeCmd {
         #[arg(long, default_value_t = 2)]
         extra_bits: u8,
         /// faithful (keep every dimension, widths by measured sensitivity;
-        /// answers like the dense model) or seed (drop off-standing
+        /// answers like the dense model), seed (drop off-standing
         /// dimensions, as the original design did: breaks answers, and
-        /// says so before it runs).
-        #[arg(long, default_value = "faithful")]
-        profile: String,
-        /// Faithful profile: bits per weight per tensor, block overhead included.
-        #[arg(long, default_value_t = 5.0)]
-        target_bpw: f64,
+        /// says so before it runs) or calibrated (affine blocks chosen
+        /// with activation statistics; what --calibrate selects).
+        #[arg(long)]
+        profile: Option<String>,
+        /// Calibrated profile: bits per weight of the whole OUT file (every
+        /// tensor it stores, header included; default 5.5). Faithful
+        /// profile: bits per weight of each compressed tensor's blocks
+        /// (default 5.0).
+        #[arg(long)]
+        target_bpw: Option<f64>,
+        /// Calibrated profile: run the model over this text (plain UTF-8,
+        /// e.g. data/calibration/python-idle-help.txt) and encode with the
+        /// activation statistics it records (`rknot calibrate --gram`).
+        #[arg(long, value_name = "TEXT", conflicts_with = "calibration_stats")]
+        calibrate: Option<PathBuf>,
+        /// Calibrated profile: statistics `rknot calibrate` wrote (with
+        /// --gram unless --no-gptq), instead of --calibrate.
+        #[arg(long, value_name = "STATS")]
+        calibration_stats: Option<PathBuf>,
+        /// With --calibrate: tokens per calibration window.
+        #[arg(long, default_value_t = 512, value_name = "N")]
+        calibration_ctx: usize,
+        /// Calibrated profile: round to nearest instead of error-compensating
+        /// rounding (GPTQ).
+        #[arg(long)]
+        no_gptq: bool,
+        /// Calibrated profile: fit each block's scale to the plain squared
+        /// error instead of weighting it by the input channels' energy.
+        #[arg(long)]
+        no_weighted_fit: bool,
+        /// Calibrated profile: how widths are spread over the matrices:
+        /// output (where the output error falls most per byte), relative
+        /// (the same, each matrix's error over its output energy) or
+        /// uniform (one width for all).
+        #[arg(long, default_value = "output")]
+        allocation: String,
+        /// Calibrated profile: the code widths a matrix may get.
+        #[arg(long, value_delimiter = ',', default_values_t = [2u8, 3, 4, 5, 6, 8])]
+        widths: Vec<u8>,
+        /// Calibrated profile: weights per affine block (along a row).
+        #[arg(long, default_value_t = 32)]
+        group: u64,
+        /// Calibrated profile: store the vocabulary tables (token_embd,
+        /// output) as their own ggml blocks (keep) or requantized to ggml
+        /// Q6_K, Q5_1 or Q4_1.
+        #[arg(long, default_value = "keep")]
+        vocab_type: String,
         /// Values per block along a line (faithful and graded).
         #[arg(long, default_value_t = 256)]
         block: u64,
@@ -789,24 +830,106 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             extra_bits,
             profile,
             target_bpw,
+            calibrate,
+            calibration_stats,
+            calibration_ctx,
+            no_gptq,
+            no_weighted_fit,
+            allocation,
+            widths,
+            group,
+            vocab_type,
             block,
             tensors,
             compressed_only,
             overwrite,
             remote,
         } => {
-            install_remote(&["encode", "rknot"], &remote)?;
+            const CMD: &[&str] = &["encode", "rknot"];
+            install_remote(CMD, &remote)?;
             let b = backend::open(&dense, None)?;
-            check_encode_input(&["encode", "rknot"], b.as_ref(), &dense)?;
-            let profile = encode::rknot::Profile::parse(&profile).ok_or_else(|| {
-                usage(
-                    &["encode", "rknot"],
-                    format!("unknown --profile {profile:?} (faithful, seed)"),
-                )
-            })?;
+            check_encode_input(CMD, b.as_ref(), &dense)?;
+            let calibrating = calibrate.is_some() || calibration_stats.is_some();
+            let profile = match profile.as_deref() {
+                None if calibrating => encode::rknot::Profile::Calibrated,
+                None => encode::rknot::Profile::Faithful,
+                Some(p) => encode::rknot::Profile::parse(p).ok_or_else(|| {
+                    usage(
+                        CMD,
+                        format!("unknown --profile {p:?} (faithful, seed, calibrated)"),
+                    )
+                })?,
+            };
+            if (profile == encode::rknot::Profile::Calibrated) != calibrating {
+                return Err(usage(
+                    CMD,
+                    "--calibrate TEXT (or --calibration-stats STATS) goes with the calibrated \
+                     profile, and the calibrated profile needs one of them"
+                        .to_string(),
+                ));
+            }
+            let allocation =
+                encode::calibrated::Allocation::parse(&allocation).ok_or_else(|| {
+                    usage(
+                        CMD,
+                        format!("unknown --allocation {allocation:?} (output, relative, uniform)"),
+                    )
+                })?;
             if profile == encode::rknot::Profile::Seed {
                 eprintln!("rknot: warning: {}", encode::warnings::SEED_PROFILE);
             }
+            let mut widths = widths;
+            widths.sort_unstable();
+            widths.dedup();
+            let calibrated = if calibrating {
+                let stats = match (&calibrate, &calibration_stats) {
+                    (_, Some(path)) => rknot::probe::calibrate::read_stats(path)?,
+                    (Some(text), None) => {
+                        eprintln!(
+                            "rknot: calibrating on {} (ctx {calibration_ctx}, with Gram matrices)",
+                            rknot::text::escape(&text.to_string_lossy())
+                        );
+                        let args = rknot::probe::calibrate::CalibrateArgs {
+                            model: dense.clone(),
+                            dense: None,
+                            remote: remote.clone(),
+                            text: Some(text.clone()),
+                            tokens: None,
+                            out: PathBuf::new(),
+                            overwrite: false,
+                            ctx: calibration_ctx.max(2),
+                            max_tokens: None,
+                            gram: !no_gptq,
+                            threads: None,
+                            weights: rknot::probe::Residency::Auto,
+                            tokenizer: None,
+                        };
+                        rknot::probe::calibrate::record(&args, &mut std::io::stderr())
+                            .map_err(|e| format!("calibration: {e}"))?
+                    }
+                    (None, None) => {
+                        return Err(usage(CMD, "no calibration statistics".to_string()));
+                    }
+                };
+                let mut c = encode::calibrated::CalibratedOptions::new(
+                    std::sync::Arc::new(stats),
+                    target_bpw.unwrap_or(5.5),
+                );
+                c.gptq = !no_gptq;
+                c.weighted_fit = !no_weighted_fit;
+                c.allocation = allocation;
+                c.widths = widths;
+                c.group = group;
+                c.vocab = encode::calibrated::VocabType::parse(&vocab_type).ok_or_else(|| {
+                    usage(
+                        CMD,
+                        format!("unknown --vocab-type {vocab_type:?} (keep, q6_k, q5_1, q4_1)"),
+                    )
+                })?;
+                Some(c)
+            } else {
+                None
+            };
             let o = encode::rknot::RknotOptions {
                 profile,
                 coverage,
@@ -815,10 +938,11 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
                 bits_ffn,
                 graded,
                 extra_bits,
-                target_bpw,
+                target_bpw: target_bpw.unwrap_or(5.0),
                 block,
                 tensors,
                 compressed_only,
+                calibrated,
                 ..Default::default()
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;

@@ -17,7 +17,8 @@
 //! The quantizer chooses its parameters (a scale, an offset) per group of
 //! columns of a row from the group's values *as compensated so far*, when
 //! the group is reached, and rounds with them: the output is ordinary
-//! codes and scales of that quantizer. Not wired into an encoder yet.
+//! codes and scales of that quantizer. The calibrated .rknot profile
+//! (`encode::calibrated`) runs it with the affine block quantizer.
 
 use rayon::prelude::*;
 
@@ -56,21 +57,38 @@ impl Default for GptqOptions {
     }
 }
 
+/// Dot product in four independent partial sums, so it vectorizes (a
+/// plain `sum()` is one dependency chain in f64).
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0f64; 4];
+    let (ca, cb) = (a.chunks_exact(4), b.chunks_exact(4));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..4 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let tail: f64 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail
+}
+
 /// Lower Cholesky factor L of the symmetric positive definite `a`
-/// (`n × n`, row-major): a = L Lᵀ.
+/// (`n × n`, row-major): a = L Lᵀ. Row-oriented, every inner product over
+/// two contiguous row prefixes.
 fn cholesky_lower(a: &[f64], n: usize) -> Result<Vec<f64>> {
     let mut l = vec![0f64; n * n];
     for i in 0..n {
         for j in 0..=i {
-            let s: f64 = (0..j).map(|k| l[i * n + k] * l[j * n + k]).sum();
+            let s = dot(&l[i * n..i * n + j], &l[j * n..j * n + j]);
             if i == j {
                 let d = a[i * n + i] - s;
                 if !(d > 0.0 && d.is_finite()) {
                     return Err(err(
                         ErrorKind::BadValue,
                         format!(
-                            "the Gram matrix is not positive definite at column {i} \
-                             (pivot {d}): more damping is needed"
+                            "the Gram matrix is not positive definite at column {} \
+                             (pivot {d}): more damping is needed",
+                            n - 1 - i
                         ),
                     ));
                 }
@@ -83,31 +101,36 @@ fn cholesky_lower(a: &[f64], n: usize) -> Result<Vec<f64>> {
     Ok(l)
 }
 
-/// H⁻¹ from H's lower Cholesky factor L: H⁻¹ = L⁻ᵀ L⁻¹.
-fn inverse_from_cholesky(l: &[f64], n: usize) -> Vec<f64> {
-    // L⁻¹, lower triangular, by forward substitution per column.
-    let mut li = vec![0f64; n * n];
-    for c in 0..n {
-        li[c * n + c] = 1.0 / l[c * n + c];
-        for r in c + 1..n {
-            let s: f64 = (c..r).map(|k| l[r * n + k] * li[k * n + c]).sum();
-            li[r * n + c] = -s / l[r * n + r];
-        }
-    }
-    let mut inv = vec![0f64; n * n];
+/// L⁻¹ of a lower triangular L, row by row: row i of L⁻¹ is (eᵢ − Σ_{k<i}
+/// L[i][k] · row k of L⁻¹) / L[i][i], contiguous row updates.
+fn lower_inverse(l: &[f64], n: usize) -> Vec<f64> {
+    let mut x = vec![0f64; n * n];
     for i in 0..n {
-        for j in 0..=i {
-            // (L⁻ᵀ L⁻¹)[i][j] = Σ_k L⁻¹[k][i] L⁻¹[k][j], k ≥ max(i, j).
-            let s: f64 = (i..n).map(|k| li[k * n + i] * li[k * n + j]).sum();
-            inv[i * n + j] = s;
-            inv[j * n + i] = s;
+        let (done, rest) = x.split_at_mut(i * n);
+        let row = &mut rest[..n];
+        for k in 0..i {
+            let lik = l[i * n + k];
+            if lik != 0.0 {
+                for (v, &xk) in row[..=k].iter_mut().zip(&done[k * n..k * n + k + 1]) {
+                    *v -= lik * xk;
+                }
+            }
+        }
+        row[i] += 1.0;
+        let d = l[i * n + i];
+        for v in row[..=i].iter_mut() {
+            *v /= d;
         }
     }
-    inv
+    x
 }
 
 /// The upper Cholesky factor U (H⁻¹ = UᵀU) of the damped inverse Gram
 /// matrix, `cols × cols` row-major: what [`gptq`] propagates errors with.
+///
+/// With P the order-reversing permutation and P H P = L Lᵀ, H⁻¹ = P L⁻ᵀ
+/// L⁻¹ P = (P L⁻¹ P)ᵀ (P L⁻¹ P), and P L⁻¹ P is upper triangular: one
+/// Cholesky factorisation and one triangular inverse, no explicit H⁻¹.
 pub fn inverse_gram_factor(gram: &[f32], cols: usize, opts: GptqOptions) -> Result<Vec<f64>> {
     if gram.len() != cols * cols {
         return Err(err(
@@ -121,26 +144,31 @@ pub fn inverse_gram_factor(gram: &[f32], cols: usize, opts: GptqOptions) -> Resu
             format!("Gram matrix entry {i} is not finite"),
         ));
     }
-    let mut h: Vec<f64> = gram.iter().map(|&v| f64::from(v)).collect();
-    // An input that is always zero: its weights never matter; a unit
-    // diagonal keeps H invertible without coupling it to the others.
-    for i in 0..cols {
-        if h[i * cols + i] <= 0.0 {
-            h[i * cols + i] = 1.0;
+    let n = cols;
+    // H reversed in both axes.
+    let mut h = vec![0f64; n * n];
+    for i in 0..n {
+        for j in 0..n {
+            h[(n - 1 - i) * n + (n - 1 - j)] = f64::from(gram[i * n + j]);
         }
     }
-    let mean_diag = (0..cols).map(|i| h[i * cols + i]).sum::<f64>() / cols.max(1) as f64;
-    for i in 0..cols {
-        h[i * cols + i] += opts.damp * mean_diag;
+    // An input that is always zero: its weights never matter; a unit
+    // diagonal keeps H invertible without coupling it to the others.
+    for i in 0..n {
+        if h[i * n + i] <= 0.0 {
+            h[i * n + i] = 1.0;
+        }
     }
-    let l = cholesky_lower(&h, cols)?;
-    let inv = inverse_from_cholesky(&l, cols);
-    // Upper factor of H⁻¹ = (lower factor)ᵀ.
-    let lower = cholesky_lower(&inv, cols)?;
-    let mut u = vec![0f64; cols * cols];
-    for i in 0..cols {
-        for j in i..cols {
-            u[i * cols + j] = lower[j * cols + i];
+    let mean_diag = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n.max(1) as f64;
+    for i in 0..n {
+        h[i * n + i] += opts.damp * mean_diag;
+    }
+    let l = cholesky_lower(&h, n)?;
+    let li = lower_inverse(&l, n);
+    let mut u = vec![0f64; n * n];
+    for i in 0..n {
+        for j in i..n {
+            u[i * n + j] = li[(n - 1 - i) * n + (n - 1 - j)];
         }
     }
     Ok(u)
@@ -165,8 +193,48 @@ pub fn gptq<Q: GroupQuantizer>(
             format!("{} weights for {rows} × {cols}", w.len()),
         ));
     }
-    let u = inverse_gram_factor(gram, cols, opts)?;
-    Ok(compensate_rows(w, cols, &u, quantizer))
+    let u = InverseFactor::new(gram, cols, opts)?;
+    Ok(gptq_with(w, &u, quantizer)?.0)
+}
+
+/// [`inverse_gram_factor`] in the form [`gptq_with`] uses: f32, so the
+/// row updates run eight lanes wide, and the reciprocal diagonal.
+pub struct InverseFactor {
+    cols: usize,
+    u: Vec<f32>,
+    inv_diag: Vec<f64>,
+}
+
+impl InverseFactor {
+    pub fn new(gram: &[f32], cols: usize, opts: GptqOptions) -> Result<InverseFactor> {
+        let u = inverse_gram_factor(gram, cols, opts)?;
+        let inv_diag = (0..cols).map(|i| 1.0 / u[i * cols + i]).collect();
+        Ok(InverseFactor {
+            cols,
+            u: u.into_iter().map(|v| v as f32).collect(),
+            inv_diag,
+        })
+    }
+}
+
+/// GPTQ with a factor computed once (matrices that share an input share
+/// it). Returns the groups' parameters and the loss Σ ((w − q) / U[i][i])²
+/// over every column of every row: the output error ‖(W − Ŵ)X‖² / n the
+/// rounding adds under the damped Gram matrix (the optimal-brain-surgeon
+/// identity GPTQ rests on), without another pass over H.
+pub fn gptq_with<Q: GroupQuantizer>(
+    w: &mut [f32],
+    u: &InverseFactor,
+    quantizer: &Q,
+) -> Result<(Vec<Q::Params>, f64)> {
+    let cols = u.cols;
+    if cols == 0 || !w.len().is_multiple_of(cols) {
+        return Err(err(
+            ErrorKind::ShapeMismatch,
+            format!("{} weights for rows of {cols}", w.len()),
+        ));
+    }
+    Ok(compensate_rows(w, u, quantizer))
 }
 
 /// Round-to-nearest with the same quantizer and groups: the baseline.
@@ -194,41 +262,40 @@ pub fn round_to_nearest<Q: GroupQuantizer>(
 
 fn compensate_rows<Q: GroupQuantizer>(
     w: &mut [f32],
-    cols: usize,
-    u: &[f64],
+    f: &InverseFactor,
     quantizer: &Q,
-) -> Vec<Q::Params> {
+) -> (Vec<Q::Params>, f64) {
+    let cols = f.cols;
     let g = quantizer.group_size().max(1);
-    w.par_chunks_mut(cols)
+    let per_row: Vec<(Vec<Q::Params>, f64)> = w
+        .par_chunks_mut(cols)
         .enumerate()
-        .flat_map_iter(|(r, row)| {
-            // The row in f64 while errors are pushed along it.
-            let mut x: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
+        .map(|(r, row)| {
+            // `row` holds the values as compensated so far, then the
+            // rounded ones behind the current column.
             let mut params = Vec::with_capacity(cols.div_ceil(g));
-            let mut current: Option<Q::Params> = None;
-            let mut group_buf = Vec::with_capacity(g);
-            for i in 0..cols {
-                if i % g == 0 {
-                    group_buf.clear();
-                    group_buf.extend(x[i..(i + g).min(cols)].iter().map(|&v| v as f32));
-                    if let Some(p) = current.take() {
-                        params.push(p);
+            let mut loss = 0f64;
+            for g0 in (0..cols).step_by(g) {
+                let g1 = (g0 + g).min(cols);
+                let p = quantizer.fit(r, g0, &row[g0..g1]);
+                for i in g0..g1 {
+                    let q = quantizer.round(&p, row[i]);
+                    let e = f64::from(row[i] - q) * f.inv_diag[i];
+                    loss += e * e;
+                    row[i] = q;
+                    let e = e as f32;
+                    let ui = &f.u[i * cols + i + 1..(i + 1) * cols];
+                    for (xj, &uij) in row[i + 1..].iter_mut().zip(ui) {
+                        *xj -= e * uij;
                     }
-                    current = Some(quantizer.fit(r, i, &group_buf));
                 }
-                let Some(p) = current.as_ref() else { break };
-                let q = quantizer.round(p, x[i] as f32);
-                let e = (x[i] - f64::from(q)) / u[i * cols + i];
-                row[i] = q;
-                let ui = &u[i * cols..(i + 1) * cols];
-                for (xj, &uij) in x[i + 1..].iter_mut().zip(&ui[i + 1..]) {
-                    *xj -= e * uij;
-                }
+                params.push(p);
             }
-            params.extend(current);
-            params
+            (params, loss)
         })
-        .collect()
+        .collect();
+    let loss = per_row.iter().map(|(_, l)| l).sum();
+    (per_row.into_iter().flat_map(|(p, _)| p).collect(), loss)
 }
 
 /// ‖(W − Ŵ)X‖² / n = Σ_rows δ H δᵀ with δ a row of W − Ŵ and H = XᵀX / n:

@@ -7,6 +7,7 @@
 //! job), stops early when cancelled, and writes its file atomically
 //! ([`output::AtomicOutput`]).
 
+pub mod calibrated;
 pub mod gptq;
 pub mod knot;
 pub mod linalg;

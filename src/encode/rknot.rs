@@ -25,6 +25,7 @@ use std::sync::atomic::Ordering;
 use rayon::prelude::*;
 
 use crate::backend::Backend;
+use crate::encode::calibrated::{self, CalibratedOptions};
 use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::encode::{Progress, block_matrices, read_tensor, tensor_kind, tensor_layer};
 use crate::error::{ErrorKind, Result, err};
@@ -32,11 +33,15 @@ use crate::format::meta::{MetaValue, Metadata};
 use crate::format::rknot::{
     ArchMeta, Axis, Coding, MAX_TILE_ELEMS, Manifest, RknotWriter, TensorSpec, Tile, pack_block,
 };
+use crate::probe::calibrate::Site;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
     Seed,
     Faithful,
+    /// Affine blocks chosen with activation statistics
+    /// ([`crate::encode::calibrated`]); set by `calibrated` options.
+    Calibrated,
 }
 
 impl Profile {
@@ -44,6 +49,7 @@ impl Profile {
         match s {
             "seed" => Some(Profile::Seed),
             "faithful" | "default" => Some(Profile::Faithful),
+            "calibrated" => Some(Profile::Calibrated),
             _ => None,
         }
     }
@@ -51,6 +57,7 @@ impl Profile {
         match self {
             Profile::Seed => "seed",
             Profile::Faithful => "faithful",
+            Profile::Calibrated => "calibrated",
         }
     }
 }
@@ -93,6 +100,8 @@ pub struct RknotOptions {
     /// fallback to serve a whole model). Otherwise every other tensor of
     /// the input is stored too, as its ggml blocks verbatim.
     pub compressed_only: bool,
+    /// The calibrated profile's options (with `profile` Calibrated).
+    pub calibrated: Option<crate::encode::calibrated::CalibratedOptions>,
 }
 
 impl Default for RknotOptions {
@@ -116,6 +125,7 @@ impl Default for RknotOptions {
             clip_search: true,
             tensors: None,
             compressed_only: false,
+            calibrated: None,
         }
     }
 }
@@ -415,6 +425,10 @@ fn encode_matrix(
             let blocks = encode_blocks(&spec, manifest, w, o.clip_search);
             Ok((spec, blocks))
         }
+        Profile::Calibrated => Err(err(
+            ErrorKind::BadValue,
+            "the calibrated profile needs calibration statistics (--calibrate)",
+        )),
         Profile::Faithful => {
             let line_axis = if o.hidden_lines {
                 axis
@@ -524,7 +538,7 @@ fn tile_values(compact: &[f32], cols: u64, t: &Tile) -> Vec<f32> {
 /// in this encoder).
 fn block_width(c: &Coding, t: &Tile) -> u8 {
     match c {
-        Coding::Uniform { bits } => *bits,
+        Coding::Uniform { bits } | Coding::Affine { bits } => *bits,
         Coding::Graded {
             line_axis: Axis::Rows,
             line_bits,
@@ -615,7 +629,50 @@ pub fn encode_rknot(
         )
         .path(&dense.summary().path));
     }
-    progress.start((total + kept.len()) as u64);
+    let mut metadata: Metadata = md.clone();
+    metadata.push("rknot.profile", MetaValue::String(o.profile.name().into()));
+    metadata.push("rknot.coverage", MetaValue::F32(o.coverage as f32));
+    // The calibrated profile's first pass: every matrix at every width,
+    // then one width per matrix for the whole-file target.
+    let widths = match (&o.calibrated, o.profile) {
+        (Some(c), Profile::Calibrated) => {
+            c.check()?;
+            progress.start((2 * total + kept.len()) as u64);
+            let params: u64 = layers
+                .values()
+                .flatten()
+                .map(|(_, t)| t.n_elements)
+                .sum::<u64>()
+                + kept.iter().map(|(_, t)| t.n_elements).sum::<u64>();
+            let kept_bytes: u64 = kept
+                .iter()
+                .map(|(_, t)| match requantized_type(o, &t.name.dot) {
+                    Some(ty) => ty.bytes_for(t.n_elements).unwrap_or(u64::MAX / 4),
+                    None => t.stored_bytes,
+                })
+                .sum();
+            calibrated_metadata(&mut metadata, c);
+            let overhead = header_estimate(&metadata, hidden, &layers, kept.len());
+            Some(plan_widths(
+                dense,
+                &layers,
+                c,
+                params,
+                kept_bytes + overhead,
+                progress,
+            )?)
+        }
+        (_, Profile::Calibrated) => {
+            return Err(err(
+                ErrorKind::BadValue,
+                "the calibrated profile needs calibration statistics (--calibrate)",
+            ));
+        }
+        _ => {
+            progress.start((total + kept.len()) as u64);
+            None
+        }
+    };
     let mut output = AtomicOutput::create(out)?;
     // Streamed: each layer's blocks are written as soon as they are made.
     let mut writer = RknotWriter::new(&mut output)?;
@@ -627,26 +684,49 @@ pub fn encode_rknot(
         // whole layer would make peak memory a layer's fp32 size (3.4 GB
         // for a 70B layer) instead of its largest matrix's (0.9 GB). The
         // price is decoding the source twice.
-        let mut energy = vec![0f64; hidden as usize];
-        for &(i, t) in mats {
-            progress.check()?;
-            let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
-            let kind = tensor_kind(&t.name.dot);
-            add_layer_energy(
-                &mut energy,
-                &[(kind, &w, t.shape[0], t.shape[1])],
-                hidden,
-                o.energy,
-            );
-        }
-        let manifest = build_manifest(&energy, o.coverage);
+        let manifest = match (&o.calibrated, &widths) {
+            (Some(c), Some(_)) => build_manifest(&activation_energy(c, index, hidden)?, o.coverage),
+            _ => {
+                let mut energy = vec![0f64; hidden as usize];
+                for &(i, t) in mats {
+                    progress.check()?;
+                    let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
+                    let kind = tensor_kind(&t.name.dot);
+                    add_layer_energy(
+                        &mut energy,
+                        &[(kind, &w, t.shape[0], t.shape[1])],
+                        hidden,
+                        o.energy,
+                    );
+                }
+                build_manifest(&energy, o.coverage)
+            }
+        };
         writer.begin_layer(index, manifest.clone());
+        let mut site_stats = SiteCache::default();
         for &(i, t) in mats {
             progress.check()?;
             let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
-            let (spec, blocks) =
-                encode_matrix(&t.name.dot, &w, t.shape[0], t.shape[1], &manifest, o)
+            let (spec, blocks) = match (&o.calibrated, &widths) {
+                (Some(c), Some(widths)) => {
+                    let bits = widths.get(&t.name.dot).copied().unwrap_or(c.widths[0]);
+                    let stats = site_stats.get(c, index, &t.name.dot, t.shape[1])?;
+                    let q = calibrated::quantize_matrix(
+                        &w,
+                        t.shape[1] as usize,
+                        bits,
+                        c.group as usize,
+                        c.weighted_fit.then_some(&stats.diag[..]),
+                        stats.factor.as_ref(),
+                        &stats.diag,
+                    )
                     .map_err(|e| e.tensor(&t.name.dot))?;
+                    let spec = calibrated::spec(&t.name.dot, t.shape[0], t.shape[1], bits, c.group);
+                    (spec, q.blocks)
+                }
+                _ => encode_matrix(&t.name.dot, &w, t.shape[0], t.shape[1], &manifest, o)
+                    .map_err(|e| e.tensor(&t.name.dot))?,
+            };
             drop(w);
             entries.push(RknotEntry {
                 name: t.name.dot.clone(),
@@ -663,6 +743,21 @@ pub fn encode_rknot(
             let crate::backend::StoredType::Ggml(ty) = t.stored else {
                 continue;
             };
+            if let Some(to) = requantized_type(o, &t.name.dot) {
+                let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
+                let bytes =
+                    calibrated::requantize_ggml(&w, to).map_err(|e| e.tensor(&t.name.dot))?;
+                drop(w);
+                writer
+                    .dense_tensor(&t.name.dot, to, &t.shape, |off, buf| {
+                        let at = off as usize;
+                        buf.copy_from_slice(&bytes[at..at + buf.len()]);
+                        Ok(())
+                    })
+                    .map_err(|e| e.tensor(&t.name.dot))?;
+                progress.tick(&t.name.dot);
+                continue;
+            }
             writer
                 .dense_tensor(&t.name.dot, ty, &t.shape, |off, buf| {
                     stored.read_stored(i, off, buf)
@@ -671,9 +766,6 @@ pub fn encode_rknot(
             progress.tick(&t.name.dot);
         }
     }
-    let mut metadata: Metadata = md.clone();
-    metadata.push("rknot.profile", MetaValue::String(o.profile.name().into()));
-    metadata.push("rknot.coverage", MetaValue::F32(o.coverage as f32));
     let arch_meta = ArchMeta {
         arch,
         hidden_dim: hidden,
@@ -686,6 +778,198 @@ pub fn encode_rknot(
     progress.bytes_written.store(n, Ordering::Relaxed);
     progress.finish();
     Ok(entries)
+}
+
+/// The type a kept tensor is requantized to (calibrated profile,
+/// `--vocab-type`), if any.
+fn requantized_type(o: &RknotOptions, name: &str) -> Option<crate::quant::GgmlType> {
+    let c = o
+        .calibrated
+        .as_ref()
+        .filter(|_| o.profile == Profile::Calibrated)?;
+    c.vocab.ggml().filter(|_| calibrated::is_vocab_table(name))
+}
+
+/// The inputs of a layer's matrices, each site's statistics prepared once
+/// (Q, K and V share one inverse Gram factor, gate and up another).
+#[derive(Default)]
+struct SiteCache {
+    sites: std::collections::HashMap<Site, std::rc::Rc<calibrated::InputStats>>,
+}
+
+impl SiteCache {
+    fn get(
+        &mut self,
+        c: &CalibratedOptions,
+        layer: u64,
+        name: &str,
+        d_in: u64,
+    ) -> Result<std::rc::Rc<calibrated::InputStats>> {
+        let kind = tensor_kind(name);
+        let site = calibrated::input_site(kind).ok_or_else(|| {
+            err(
+                ErrorKind::BadValue,
+                format!("no calibration input for tensor kind {kind}"),
+            )
+            .tensor(name)
+        })?;
+        if let Some(s) = self.sites.get(&site) {
+            return Ok(s.clone());
+        }
+        let s = std::rc::Rc::new(
+            calibrated::InputStats::for_site(c, layer, site, d_in).map_err(|e| e.tensor(name))?,
+        );
+        self.sites.insert(site, s.clone());
+        Ok(s)
+    }
+}
+
+/// Per hidden dimension, the mean square of the layer's two normed
+/// inputs (what Q/K/V and gate/up see).
+fn activation_energy(c: &CalibratedOptions, layer: u64, hidden: u64) -> Result<Vec<f64>> {
+    let mut e = vec![0f64; hidden as usize];
+    for site in [Site::AttnIn, Site::FfnIn] {
+        let s = usize::try_from(layer)
+            .ok()
+            .and_then(|l| c.stats.site(l, site))
+            .filter(|s| s.d as u64 == hidden)
+            .ok_or_else(|| {
+                err(
+                    ErrorKind::NotFound,
+                    format!(
+                        "the calibration statistics have no blk.{layer}.{} of {hidden} channels",
+                        site.name()
+                    ),
+                )
+            })?;
+        for (a, &b) in e.iter_mut().zip(&s.mean_sq) {
+            *a += b;
+        }
+    }
+    Ok(e)
+}
+
+fn calibrated_metadata(md: &mut Metadata, c: &CalibratedOptions) {
+    md.push("rknot.target_bpw", MetaValue::F32(c.target_bpw as f32));
+    md.push("rknot.gptq", MetaValue::Bool(c.gptq));
+    md.push(
+        "rknot.allocation",
+        MetaValue::String(c.allocation.name().into()),
+    );
+    for key in ["text", "text_sha256", "tokens", "ctx"] {
+        if let Some(v) = c.stats.meta.get(key) {
+            md.push(
+                format!("rknot.calibration.{key}"),
+                MetaValue::String(v.clone()),
+            );
+        }
+    }
+}
+
+/// Bytes a file will hold besides the compressed matrices' blocks and
+/// the kept tensors' bytes: the header (metadata, manifests, tensor
+/// entries), the footer, and the checksums (4 bytes per block group or
+/// chunk of about 8 KiB, with margin).
+fn header_estimate(
+    md: &Metadata,
+    hidden: u64,
+    layers: &std::collections::BTreeMap<u64, Vec<(usize, &crate::backend::TensorInfo)>>,
+    kept: usize,
+) -> u64 {
+    let metadata = serde_json::to_vec(&md.to_json()).map_or(0, |v| v.len() as u64);
+    // A manifest lists up to `hidden` indices, amplitudes and alignments.
+    let manifests = layers.len() as u64 * hidden * 30;
+    let entries = (layers.values().map(Vec::len).sum::<usize>() + kept) as u64 * 400;
+    let body: u64 = layers
+        .values()
+        .flatten()
+        .map(|(_, t)| t.n_elements)
+        .sum::<u64>();
+    // Checksums: 4 bytes per ~8 KiB of blocks (at most 8 bits per weight).
+    let sums = body / 2048 + 64;
+    metadata + manifests + entries + sums + 4096
+}
+
+/// The calibrated profile's first pass: each matrix quantized at each
+/// candidate width (nothing kept but sizes and output errors), then the
+/// widths that fit `target_bpw × params` bits with `fixed_bytes` already
+/// spent.
+fn plan_widths(
+    dense: &dyn Backend,
+    layers: &std::collections::BTreeMap<u64, Vec<(usize, &crate::backend::TensorInfo)>>,
+    c: &CalibratedOptions,
+    params: u64,
+    fixed_bytes: u64,
+    progress: &Progress,
+) -> Result<std::collections::HashMap<String, u8>> {
+    let mut cands = Vec::new();
+    for (&index, mats) in layers {
+        let mut site_stats = SiteCache::default();
+        for &(i, t) in mats {
+            progress.check()?;
+            let name = &t.name.dot;
+            let w = read_tensor(dense, i).map_err(|e| e.tensor(name))?;
+            let (rows, cols) = (t.shape[0], t.shape[1]);
+            let stats = site_stats.get(c, index, name, cols)?;
+            let mut options = Vec::new();
+            for &bits in &c.widths {
+                let bytes = calibrated::stored_bytes(rows, cols, bits, c.group);
+                // A wider code cannot lose less than nothing.
+                if options.last().is_some_and(|&(_, _, loss)| loss == 0.0) {
+                    options.push((bits, bytes, 0.0));
+                    continue;
+                }
+                let q = calibrated::quantize_matrix(
+                    &w,
+                    cols as usize,
+                    bits,
+                    c.group as usize,
+                    c.weighted_fit.then_some(&stats.diag[..]),
+                    stats.factor.as_ref(),
+                    &stats.diag,
+                )
+                .map_err(|e| e.tensor(name))?;
+                options.push((bits, bytes, q.loss));
+            }
+            let norm = calibrated::output_energy(&w, cols as usize, &stats.diag);
+            log::debug!("{name}: {options:?}, output energy {norm:.4e}");
+            cands.push(calibrated::Candidates {
+                name: name.clone(),
+                options,
+                norm,
+            });
+            progress.tick(name);
+        }
+    }
+    let budget_bits = c.target_bpw * params as f64;
+    let budget = (budget_bits / 8.0) as u64;
+    let narrowest: u64 = cands.iter().map(|c| c.options[0].1).sum();
+    let spare = budget.checked_sub(fixed_bytes).ok_or_else(|| {
+        err(
+            ErrorKind::BadValue,
+            format!(
+                "--target-bpw {}: the tensors kept as ggml blocks and the header alone take {:.3}                  bits per weight",
+                c.target_bpw,
+                fixed_bytes as f64 * 8.0 / params as f64
+            ),
+        )
+    })?;
+    let pick = calibrated::allocate(&cands, spare, c.allocation).ok_or_else(|| {
+        err(
+            ErrorKind::BadValue,
+            format!(
+                "--target-bpw {}: even {}-bit codes everywhere make {:.3} bits per weight",
+                c.target_bpw,
+                c.widths[0],
+                (fixed_bytes + narrowest) as f64 * 8.0 / params as f64
+            ),
+        )
+    })?;
+    Ok(cands
+        .iter()
+        .zip(pick)
+        .map(|(c, k)| (c.name.clone(), c.options[k].0))
+        .collect())
 }
 
 #[cfg(test)]

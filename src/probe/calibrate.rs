@@ -693,7 +693,25 @@ fn run_in_pool(args: &CalibrateArgs) -> BoxResult<()> {
         }
     }
     let out = AtomicOutput::create(&target)?;
+    let stdout = std::io::stdout();
+    let mut so = stdout.lock();
+    let stats = record(args, &mut so)?;
+    let bytes = write_stats_to(&stats, out)?;
+    writeln!(
+        so,
+        "wrote {} ({bytes} bytes): {} layers × {} inputs over {} tokens",
+        args.out.display(),
+        stats.layers.len(),
+        Site::ALL.len(),
+        stats.tokens
+    )?;
+    Ok(())
+}
 
+/// Run the model over the calibration input `args` names (its `out` and
+/// `overwrite` are not used) and return the statistics; progress lines go
+/// to `so`. `rknot encode rknot --calibrate` calls this directly.
+pub fn record(args: &CalibrateArgs, so: &mut dyn Write) -> BoxResult<CalibrationStats> {
     let text = match &args.text {
         Some(p) => {
             let t = read_text(p)?;
@@ -704,15 +722,13 @@ fn run_in_pool(args: &CalibrateArgs) -> BoxResult<()> {
         }
         None => None,
     };
-    let stdout = std::io::stdout();
-    let mut so = stdout.lock();
     let main = load(
         "model:",
         &args.model,
         args.dense.as_deref(),
         args.tokenizer.as_deref(),
         args.weights,
-        &mut so,
+        so,
     )?;
     let mut meta = BTreeMap::new();
     meta.insert("model".to_string(), main.label.clone());
@@ -788,16 +804,8 @@ fn run_in_pool(args: &CalibrateArgs) -> BoxResult<()> {
     writeln!(so)?;
     let rows: usize = windows.iter().map(Vec::len).sum();
     let secs = t.elapsed().as_secs_f64();
-    let stats = rec.finish(meta)?;
-    let bytes = write_stats_to(&stats, out)?;
-    writeln!(
-        so,
-        "wrote {} ({bytes} bytes): {} layers × {} inputs over {rows} tokens, recorded in {secs:.2} s",
-        args.out.display(),
-        stats.layers.len(),
-        Site::ALL.len()
-    )?;
-    Ok(())
+    writeln!(so, "recorded {rows} tokens in {secs:.2} s")?;
+    Ok(rec.finish(meta)?)
 }
 
 #[cfg(test)]

@@ -135,7 +135,7 @@ fn load(
     dense: Option<&Path>,
     tokenizer: Option<&Path>,
     residency: Residency,
-    out: &mut impl Write,
+    out: &mut (impl Write + ?Sized),
 ) -> BoxResult<Loaded> {
     let t = Instant::now();
     let source: Arc<dyn WeightSource> = Arc::from(open_source(path, dense, tokenizer)?);

@@ -212,11 +212,24 @@ fn short_f32s(values: &[f32]) -> Vec<Value> {
 }
 
 /// Uniform: every code has `bits`. Graded: each block starts with a width
-/// per line of its tile, each <= `bits`.
+/// per line of its tile, each <= `bits`. Affine: every code has `bits` and
+/// the block has an f16 scale and an f16 offset (value = code × scale +
+/// offset), the grid of ggml's Q4_1/Q5_1 blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockMode {
     Uniform,
     Graded,
+    Affine,
+}
+
+impl BlockMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockMode::Uniform => "uniform",
+            BlockMode::Graded => "graded",
+            BlockMode::Affine => "affine",
+        }
+    }
 }
 
 /// Matrix axis: rows (d_out) or columns (d_in).
@@ -334,7 +347,7 @@ impl RknotTensorInfo {
         let n = t.rows * t.cols;
         let max_codes = (n * u64::from(self.bits)).div_ceil(8);
         match self.mode {
-            BlockMode::Uniform => (4 + max_codes, 4 + max_codes),
+            BlockMode::Uniform | BlockMode::Affine => (4 + max_codes, 4 + max_codes),
             BlockMode::Graded => {
                 let l = self.tile_lines(t);
                 (4 + l, 4 + l + max_codes)
@@ -1147,10 +1160,11 @@ fn build_tensor(
     let mode = match required(r.mode, ctx, "mode")?.as_str() {
         "uniform" => BlockMode::Uniform,
         "graded" => BlockMode::Graded,
+        "affine" => BlockMode::Affine,
         m => {
             return Err(err(
                 ErrorKind::BadValue,
-                format!("mode {m:?} is not \"uniform\" or \"graded\""),
+                format!("mode {m:?} is not \"uniform\", \"graded\" or \"affine\""),
             ));
         }
     };
@@ -1679,6 +1693,8 @@ fn check_listed_overlaps(tensors: &[RknotTensorInfo]) -> Result<()> {
 /// length the mode and widths imply).
 struct BlockParts<'a> {
     scale: f32,
+    /// Affine blocks: the value of code 0 (0 for the symmetric modes).
+    offset: f32,
     table: &'a [u8],
     codes: &'a [u8],
 }
@@ -1691,11 +1707,39 @@ fn block_parts<'a>(t: &RknotTensorInfo, tile: &Tile, bytes: &'a [u8]) -> Result<
             format!("block of {} bytes for a tile of {n} values", bytes.len()),
         ));
     }
+    if t.mode == BlockMode::Affine {
+        let scale = half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32();
+        let offset = half::f16::from_le_bytes([bytes[2], bytes[3]]).to_f32();
+        if !scale.is_finite() || !offset.is_finite() {
+            return Err(err(
+                ErrorKind::NonFinite,
+                format!("affine block scale {scale}, offset {offset}: both must be finite"),
+            ));
+        }
+        let codes = &bytes[4..];
+        let want = (n * u64::from(t.bits)).div_ceil(8);
+        if codes.len() as u64 != want {
+            return Err(err(
+                ErrorKind::LengthMismatch,
+                format!(
+                    "affine block has {} code bytes, {want} expected",
+                    codes.len()
+                ),
+            ));
+        }
+        return Ok(BlockParts {
+            scale,
+            offset,
+            table: &[],
+            codes,
+        });
+    }
     let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     if !scale.is_finite() {
         return Err(err(ErrorKind::NonFinite, format!("block scale is {scale}")));
     }
     match t.mode {
+        BlockMode::Affine => Err(err(ErrorKind::BadValue, "affine block parsed as symmetric")),
         BlockMode::Uniform => {
             let codes = &bytes[4..];
             let want = (n * u64::from(t.bits)).div_ceil(8);
@@ -1710,6 +1754,7 @@ fn block_parts<'a>(t: &RknotTensorInfo, tile: &Tile, bytes: &'a [u8]) -> Result<
             }
             Ok(BlockParts {
                 scale,
+                offset: 0.0,
                 table: &[],
                 codes,
             })
@@ -1749,6 +1794,7 @@ fn block_parts<'a>(t: &RknotTensorInfo, tile: &Tile, bytes: &'a [u8]) -> Result<
             }
             Ok(BlockParts {
                 scale,
+                offset: 0.0,
                 table,
                 codes,
             })
@@ -1790,11 +1836,16 @@ pub fn decode_block_rows(
     }
     let BlockParts {
         scale,
+        offset,
         table,
         codes,
     } = block_parts(t, tile, bytes)?;
     let r0 = rows.start;
     match t.mode {
+        BlockMode::Affine => {
+            let skip = r0 * tile.cols * u64::from(t.bits);
+            unpack_affine(codes, skip, t.bits, scale, offset, out);
+        }
         BlockMode::Uniform => {
             let skip = r0 * tile.cols * u64::from(t.bits);
             if skip.is_multiple_of(8) {
@@ -1857,8 +1908,11 @@ pub fn check_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8]) -> Result<u64
         scale,
         table,
         codes,
+        ..
     } = block_parts(t, tile, bytes)?;
     let widest = match t.mode {
+        // |code × scale + offset| < 2^16 · 65504 + 65504: always finite.
+        BlockMode::Affine => return Ok(0),
         BlockMode::Uniform => t.bits,
         BlockMode::Graded => table.iter().copied().max().unwrap_or(0),
     };
@@ -1870,7 +1924,7 @@ pub fn check_block(t: &RknotTensorInfo, tile: &Tile, bytes: &[u8]) -> Result<u64
     let mut reader = BitReader::new(codes);
     let mut bad = 0u64;
     match (t.mode, t.line_axis) {
-        (BlockMode::Uniform, _) => {
+        (BlockMode::Uniform | BlockMode::Affine, _) => {
             for _ in 0..tile.rows * tile.cols {
                 bad += u64::from(!value(reader.read(t.bits), t.bits).is_finite());
             }
@@ -1905,6 +1959,36 @@ fn unpack_run(reader: &mut BitReader<'_>, w: u8, scale: f32, out: &mut [f32]) {
     let offset = 1i32 << (w - 1);
     for v in out.iter_mut() {
         *v = (reader.read(w) as i32 - offset) as f32 * scale;
+    }
+}
+
+/// Affine codes from bit `skip` of `codes`: `code × scale + offset`, a
+/// product then a sum, each rounded to f32 (never fused), as ggml's Q4_1
+/// and Q5_1 dequantize.
+fn unpack_affine(codes: &[u8], skip: u64, bits: u8, scale: f32, offset: f32, out: &mut [f32]) {
+    let value = |c: u32| c as f32 * scale + offset;
+    let byte = usize::try_from(skip / 8).unwrap_or(usize::MAX);
+    let aligned = codes.get(byte..).filter(|_| skip.is_multiple_of(8));
+    match (bits, aligned) {
+        (8, Some(codes)) => {
+            for (v, &c) in out.iter_mut().zip(codes) {
+                *v = value(u32::from(c));
+            }
+        }
+        (4, Some(codes)) => {
+            for (pair, &c) in out.chunks_mut(2).zip(codes) {
+                pair[0] = value(u32::from(c & 0x0f));
+                if let Some(hi) = pair.get_mut(1) {
+                    *hi = value(u32::from(c >> 4));
+                }
+            }
+        }
+        _ => {
+            let mut reader = BitReader::at(codes, skip);
+            for v in out.iter_mut() {
+                *v = value(reader.read(bits));
+            }
+        }
     }
 }
 
@@ -2023,6 +2107,10 @@ pub enum Coding {
         line_axis: Axis,
         line_bits: Vec<u8>,
     },
+    /// Every code `bits` wide; blocks built with [`pack_affine_block`].
+    Affine {
+        bits: u8,
+    },
 }
 
 /// Layout of one tensor to write.
@@ -2042,7 +2130,7 @@ pub struct TensorSpec {
 fn tile_widths(coding: &Coding, tile: &Tile) -> Vec<u8> {
     let n = (tile.rows * tile.cols) as usize;
     match coding {
-        Coding::Uniform { bits } => vec![*bits; n],
+        Coding::Uniform { bits } | Coding::Affine { bits } => vec![*bits; n],
         Coding::Graded {
             line_axis,
             line_bits,
@@ -2062,7 +2150,12 @@ fn tile_widths(coding: &Coding, tile: &Tile) -> Vec<u8> {
 
 /// Pack one block from its scale and unsigned codes (`codes[i]` in
 /// `0..2^w`, `w` the width of value `i`; dropped lines' codes are ignored).
+/// An affine block gets `scale` rounded to f16 and offset 0: affine
+/// encoders call [`pack_affine_block`].
 pub fn pack_block(coding: &Coding, tile: &Tile, scale: f32, codes: &[u32]) -> Vec<u8> {
+    if let Coding::Affine { bits } = coding {
+        return pack_affine_block(*bits, half::f16::from_f32(scale), half::f16::ZERO, codes);
+    }
     let widths = tile_widths(coding, tile);
     let mut bytes = scale.to_le_bytes().to_vec();
     if let Coding::Graded {
@@ -2083,6 +2176,47 @@ pub fn pack_block(coding: &Coding, tile: &Tile, scale: f32, codes: &[u32]) -> Ve
     }
     bytes.extend(bw.finish());
     bytes
+}
+
+/// Pack one affine block: its f16 scale and offset, then `bits`-bit codes
+/// (`codes[i]` in `0..2^bits`) in row-major order.
+pub fn pack_affine_block(bits: u8, scale: half::f16, offset: half::f16, codes: &[u32]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(4 + (codes.len() * usize::from(bits)).div_ceil(8));
+    bytes.extend_from_slice(&scale.to_le_bytes());
+    bytes.extend_from_slice(&offset.to_le_bytes());
+    let mut bw = BitWriter::default();
+    for &c in codes {
+        bw.push(c, bits);
+    }
+    bytes.extend(bw.finish());
+    bytes
+}
+
+/// Min-max affine quantization of a tile's values (the reference writer):
+/// offset the minimum, scale the range over `2^bits - 1`, both rounded to
+/// f16 (values beyond f16's range saturate).
+pub fn quantize_affine_tile(bits: u8, values: &[f32]) -> (half::f16, half::f16, Vec<u32>) {
+    let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
+    let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let levels = ((1u32 << bits) - 1) as f32;
+    let clamp16 = |v: f32| half::f16::from_f32(v.clamp(-65504.0, 65504.0));
+    let (offset, scale) = if lo.is_finite() && hi.is_finite() {
+        (clamp16(lo), clamp16((hi - lo) / levels))
+    } else {
+        (half::f16::ZERO, half::f16::ZERO)
+    };
+    let (s, o) = (scale.to_f32(), offset.to_f32());
+    let codes = values
+        .iter()
+        .map(|&v| {
+            if s > 0.0 {
+                ((v - o) / s).round().clamp(0.0, levels) as u32
+            } else {
+                0
+            }
+        })
+        .collect();
+    (scale, offset, codes)
 }
 
 /// Max-abs quantization of a tile's values (row-major) to codes; returns
@@ -2176,6 +2310,10 @@ impl TensorSpec {
                     let start = (r * grid.compact_cols + tile.col0) as usize;
                     vals.extend_from_slice(&compact[start..start + tile.cols as usize]);
                 }
+                if let Coding::Affine { bits } = self.coding {
+                    let (scale, offset, codes) = quantize_affine_tile(bits, &vals);
+                    return pack_affine_block(bits, scale, offset, &codes);
+                }
                 let (scale, codes) = quantize_tile(&self.coding, &tile, &vals);
                 pack_block(&self.coding, &tile, scale, &codes)
             })
@@ -2215,6 +2353,10 @@ fn tensor_json(spec: &TensorSpec, located: Vec<(&str, Value)>) -> Value {
             t["mode"] = json!("graded");
             t["bits"] = json!(max_bits);
             t["line_axis"] = json!(line_axis.name());
+        }
+        Coding::Affine { bits } => {
+            t["mode"] = json!("affine");
+            t["bits"] = json!(bits);
         }
     }
     t
@@ -2528,6 +2670,7 @@ mod tests {
                     line_axis,
                     ..
                 } => (BlockMode::Graded, *max_bits, *line_axis),
+                Coding::Affine { bits } => (BlockMode::Affine, *bits, Axis::Rows),
             };
             let t = RknotTensorInfo {
                 name: "t".into(),
@@ -2670,5 +2813,108 @@ mod tests {
             }
         );
         assert_eq!(g.block_index(2, 2), 8);
+    }
+
+    /// Affine blocks (section 6.3): the documented example, every width
+    /// against a plain f32 evaluation of `code * scale + offset`, runs of
+    /// rows against the whole tile, and the blocks a reader refuses.
+    #[test]
+    fn affine_blocks_decode_as_specified() {
+        use half::f16;
+        let grid = TileGrid {
+            compact_rows: 5,
+            compact_cols: 7,
+            block_rows: 3,
+            block_cols: 4,
+        };
+        let info = |bits: u8| RknotTensorInfo {
+            name: "t".into(),
+            layer: 0,
+            d_out: 5,
+            d_in: 7,
+            restrict_rows: false,
+            restrict_cols: false,
+            mode: BlockMode::Affine,
+            bits,
+            line_axis: Axis::Rows,
+            grid,
+            blocks: BlockTable::Listed(Vec::new()),
+            sums: None,
+        };
+        // docs/FORMAT.md's example: codes 3, 10, scale 0.5, offset -1.
+        let one = TileGrid {
+            compact_rows: 1,
+            compact_cols: 2,
+            block_rows: 1,
+            block_cols: 2,
+        };
+        let t = RknotTensorInfo {
+            grid: one,
+            d_out: 1,
+            d_in: 2,
+            ..info(4)
+        };
+        let bytes = pack_affine_block(4, f16::from_f32(0.5), f16::from_f32(-1.0), &[3, 10]);
+        assert_eq!(bytes, [0x00, 0x38, 0x00, 0xBC, 0xA3]);
+        let mut out = [0f32; 2];
+        decode_block(&t, &one.tile(0), &bytes, &mut out).unwrap();
+        assert_eq!(out, [0.5, 4.0]);
+
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for bits in [1u8, 3, 4, 5, 8, 13, 16] {
+            let t = info(bits);
+            for b in 0..grid.n_blocks() {
+                let tile = grid.tile(b);
+                let n = (tile.rows * tile.cols) as usize;
+                let codes: Vec<u32> = (0..n)
+                    .map(|_| next() as u32 & ((1u32 << bits) - 1))
+                    .collect();
+                let (scale, offset) = (f16::from_f32(0.0123), f16::from_f32(-65504.0));
+                let bytes = pack_affine_block(bits, scale, offset, &codes);
+                assert_eq!(bytes.len() as u64, t.block_len_bounds(&tile).0);
+                let mut out = vec![0f32; n];
+                decode_block(&t, &tile, &bytes, &mut out).unwrap();
+                for (&v, &c) in out.iter().zip(&codes) {
+                    let want = c as f32 * scale.to_f32() + offset.to_f32();
+                    assert_eq!(v.to_bits(), want.to_bits(), "{bits} bits, code {c}");
+                }
+                let c = tile.cols as usize;
+                for r0 in 0..=tile.rows {
+                    for r1 in r0..=tile.rows {
+                        let mut part = vec![0f32; (r1 - r0) as usize * c];
+                        decode_block_rows(&t, &tile, &bytes, r0..r1, &mut part).unwrap();
+                        assert_eq!(part, out[r0 as usize * c..r1 as usize * c]);
+                    }
+                }
+                assert_eq!(check_block(&t, &tile, &bytes).unwrap(), 0);
+            }
+            let tile = grid.tile(0);
+            let good = pack_affine_block(bits, f16::ONE, f16::ZERO, &[0; 12]);
+            let mut nan_scale = good.clone();
+            nan_scale[..2].copy_from_slice(&f16::NAN.to_le_bytes());
+            let mut inf_offset = good.clone();
+            inf_offset[2..4].copy_from_slice(&f16::INFINITY.to_le_bytes());
+            let mut long = good.clone();
+            long.push(0);
+            for (bad, kind) in [
+                (nan_scale, ErrorKind::NonFinite),
+                (inf_offset, ErrorKind::NonFinite),
+                (long, ErrorKind::LengthMismatch),
+                (good[..good.len() - 1].to_vec(), ErrorKind::LengthMismatch),
+                (good[..3].to_vec(), ErrorKind::LengthMismatch),
+            ] {
+                let mut out = vec![0f32; 12];
+                let d = decode_block(&t, &tile, &bad, &mut out).unwrap_err();
+                assert_eq!(d.kind(), kind, "{bits} bits: {d}");
+                let c = check_block(&t, &tile, &bad).unwrap_err();
+                assert_eq!((c.kind(), c.message()), (d.kind(), d.message()));
+            }
+        }
     }
 }
