@@ -284,16 +284,30 @@ const CHECK_WEIGHT: u64 = 4;
 const COMPARE_WEIGHT: u64 = 8;
 
 /// The tensors `compare` decodes.
-fn compared(t: &backend::TensorInfo, only_lossy: bool) -> bool {
-    t.is_available() && !(only_lossy && matches!(t.stored, StoredType::Ggml(_)))
+/// Whether `compare` measures `t`: every available tensor, or with
+/// `only_lossy` those not stored as the dense file stores them (ggml blocks
+/// copied verbatim are exact; a vocabulary table requantized by the
+/// calibrated profile is not).
+fn compared(t: &backend::TensorInfo, dense: &dyn Backend, only_lossy: bool) -> bool {
+    if !t.is_available() {
+        return false;
+    }
+    if !only_lossy || !matches!(t.stored, StoredType::Ggml(_)) {
+        return true;
+    }
+    dense
+        .find(&t.name.dot)
+        .ok()
+        .and_then(|j| dense.tensors().entries().get(j))
+        .is_some_and(|d| d.stored != t.stored)
 }
 
 /// Progress weight of `compare` over `enc`.
-fn compare_weight(enc: &dyn Backend, only_lossy: bool) -> u64 {
+fn compare_weight(enc: &dyn Backend, dense: &dyn Backend, only_lossy: bool) -> u64 {
     enc.tensors()
         .entries()
         .iter()
-        .filter(|t| compared(t, only_lossy))
+        .filter(|t| compared(t, dense, only_lossy))
         .fold(0u64, |a, t| {
             a.saturating_add(t.n_elements.saturating_mul(COMPARE_WEIGHT))
         })
@@ -315,7 +329,7 @@ fn compare(
         .par_iter()
         .enumerate()
         .map(|(i, t)| {
-            if !compared(t, only_lossy) {
+            if !compared(t, dense, only_lossy) {
                 return None;
             }
             let fault = |message: String| Fault {
@@ -567,7 +581,9 @@ pub fn verify(encoded: &Path, dense: Option<&Path>, mode: Mode) -> Result<Report
                     a.saturating_add(t.n_elements.saturating_mul(CHECK_WEIGHT))
                 });
             let cmp = if dense.is_some() {
-                compare_weight(b.as_ref(), false)
+                // Every tensor counts (not only lossy ones): the dense
+                // file is not consulted.
+                compare_weight(b.as_ref(), b.as_ref(), false)
             } else {
                 0
             };
@@ -748,7 +764,7 @@ impl IntegrityReport {
 /// None when there are none.
 pub fn overall_error(enc: &dyn Backend, dense: &dyn Backend, meter: &Meter) -> Option<f64> {
     let mut faults = Vec::new();
-    meter.set_total(compare_weight(enc, true));
+    meter.set_total(compare_weight(enc, dense, true));
     let tensors = compare(enc, dense, true, &mut faults, meter);
     meter.finish();
     if !faults.is_empty() {

@@ -239,7 +239,9 @@ enum EncodeCmd {
         #[arg(long, value_name = "TEXT", conflicts_with = "calibration_stats")]
         calibrate: Option<PathBuf>,
         /// Calibrated profile: statistics `rknot calibrate` wrote (with
-        /// --gram unless --no-gptq), instead of --calibrate.
+        /// --gram unless --no-gptq), instead of --calibrate. With
+        /// --profile faithful: the manifest's standing dimensions come
+        /// from these activations instead of the weights.
         #[arg(long, value_name = "STATS")]
         calibration_stats: Option<PathBuf>,
         /// With --calibrate: tokens per calibration window.
@@ -262,13 +264,15 @@ enum EncodeCmd {
         /// Calibrated profile: the code widths a matrix may get.
         #[arg(long, value_delimiter = ',', default_values_t = [2u8, 3, 4, 5, 6, 8])]
         widths: Vec<u8>,
-        /// Calibrated profile: weights per affine block (along a row).
-        #[arg(long, default_value_t = 32)]
-        group: u64,
+        /// Calibrated profile: the weights per affine block (along a row)
+        /// a matrix may get; every width goes with every group size.
+        #[arg(long, value_delimiter = ',', default_values_t = [32u64, 64])]
+        groups: Vec<u64>,
         /// Calibrated profile: store the vocabulary tables (token_embd,
-        /// output) as their own ggml blocks (keep) or requantized to ggml
-        /// Q6_K, Q5_1 or Q4_1.
-        #[arg(long, default_value = "keep")]
+        /// output) requantized to ggml Q5_1, Q6_K or Q4_1 (only when that
+        /// is smaller than how the input stores them), or as the input's
+        /// own ggml blocks (keep). Their bytes count against --target-bpw.
+        #[arg(long, default_value = "q5_1")]
         vocab_type: String,
         /// Values per block along a line (faithful and graded).
         #[arg(long, default_value_t = 256)]
@@ -837,7 +841,7 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             no_weighted_fit,
             allocation,
             widths,
-            group,
+            groups,
             vocab_type,
             block,
             tensors,
@@ -860,11 +864,15 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
                     )
                 })?,
             };
-            if (profile == encode::rknot::Profile::Calibrated) != calibrating {
+            // The faithful profile takes statistics too (its manifest then
+            // comes from the activations); the seed profile does not.
+            let needs = profile == encode::rknot::Profile::Calibrated;
+            let takes = needs || profile == encode::rknot::Profile::Faithful;
+            if (needs && !calibrating) || (calibrating && !takes) {
                 return Err(usage(
                     CMD,
-                    "--calibrate TEXT (or --calibration-stats STATS) goes with the calibrated \
-                     profile, and the calibrated profile needs one of them"
+                    "the calibrated profile needs --calibrate TEXT or --calibration-stats \
+                     STATS; the seed profile takes neither"
                         .to_string(),
                 ));
             }
@@ -919,7 +927,7 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
                 c.weighted_fit = !no_weighted_fit;
                 c.allocation = allocation;
                 c.widths = widths;
-                c.group = group;
+                c.groups = groups;
                 c.vocab = encode::calibrated::VocabType::parse(&vocab_type).ok_or_else(|| {
                     usage(
                         CMD,

@@ -77,8 +77,9 @@ pub struct CalibratedOptions {
     pub target_bpw: f64,
     /// Code widths a matrix may get, ascending.
     pub widths: Vec<u8>,
-    /// Weights per affine block (along a row).
-    pub group: u64,
+    /// Weights per affine block (along a row) a matrix may get: each
+    /// width with each group size is a candidate.
+    pub groups: Vec<u64>,
     /// Error-compensating rounding (needs Gram matrices in the stats).
     pub gptq: bool,
     /// Scale search weighted by the input channels' mean squares.
@@ -95,7 +96,7 @@ impl std::fmt::Debug for CalibratedOptions {
             .field("tokens", &self.stats.tokens)
             .field("target_bpw", &self.target_bpw)
             .field("widths", &self.widths)
-            .field("group", &self.group)
+            .field("groups", &self.groups)
             .field("gptq", &self.gptq)
             .field("weighted_fit", &self.weighted_fit)
             .field("allocation", &self.allocation)
@@ -109,12 +110,15 @@ impl CalibratedOptions {
             stats,
             target_bpw,
             widths: vec![2, 3, 4, 5, 6, 8],
-            group: 32,
+            groups: vec![32, 64],
             gptq: true,
             weighted_fit: true,
             allocation: Allocation::Output,
             damp: 0.01,
-            vocab: VocabType::Keep,
+            // Measured on SmolLM2 (docs/QUALITY.md): its Q8_0 embedding
+            // as Q5_1 costs less perplexity than the bits it frees buy
+            // back in the layer matrices.
+            vocab: VocabType::Q5_1,
         }
     }
 
@@ -132,10 +136,15 @@ impl CalibratedOptions {
                 format!("code widths {:?} must be in 1..=16", self.widths),
             ));
         }
-        if !(1..=crate::format::rknot::MAX_TILE_ELEMS).contains(&self.group) {
+        if self.groups.is_empty()
+            || self
+                .groups
+                .iter()
+                .any(|g| !(1..=crate::format::rknot::MAX_TILE_ELEMS).contains(g))
+        {
             return Err(err(
                 ErrorKind::BadValue,
-                format!("--group {} must be in 1..=65536", self.group),
+                format!("--groups {:?} must be in 1..=65536", self.groups),
             ));
         }
         if self.gptq && self.stats.layers.iter().flatten().any(|s| s.gram.is_none()) {
@@ -435,14 +444,38 @@ pub fn spec(name: &str, d_out: u64, d_in: u64, bits: u8, group: u64) -> TensorSp
     }
 }
 
-/// What one matrix may cost and lose, per candidate width.
+/// One way to store a matrix: its width and group size, what it costs and
+/// what it loses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Choice {
+    pub bits: u8,
+    pub group: u64,
+    pub bytes: u64,
+    pub loss: f64,
+}
+
+/// What one matrix may cost and lose.
 #[derive(Debug, Clone)]
 pub struct Candidates {
     pub name: String,
-    /// (width, stored bytes, loss), widths ascending.
-    pub options: Vec<(u8, u64, f64)>,
+    /// Ascending in bytes, strictly descending in loss (see [`pareto`]).
+    pub options: Vec<Choice>,
     /// What the allocation divides the loss by.
     pub norm: f64,
+}
+
+/// The choices worth having: sorted by size, each losing strictly less
+/// than every smaller one (a bigger choice that loses as much is never
+/// worth its bytes).
+pub fn pareto(mut all: Vec<Choice>) -> Vec<Choice> {
+    all.sort_by(|a, b| a.bytes.cmp(&b.bytes).then(a.loss.total_cmp(&b.loss)));
+    let mut kept: Vec<Choice> = Vec::new();
+    for c in all {
+        if kept.last().is_none_or(|k| c.loss < k.loss) {
+            kept.push(c);
+        }
+    }
+    kept
 }
 
 /// Choose one width per matrix: start every matrix at its narrowest
@@ -452,21 +485,31 @@ pub struct Candidates {
 /// narrowest options exceed the budget.
 pub fn allocate(cands: &[Candidates], budget: u64, how: Allocation) -> Option<Vec<usize>> {
     let mut pick = vec![0usize; cands.len()];
-    let mut used: u64 = cands.iter().map(|c| c.options[0].1).sum();
+    let mut used: u64 = cands.iter().map(|c| c.options[0].bytes).sum();
     if used > budget {
         return None;
     }
     match how {
         Allocation::Uniform => {
-            // The widest single width that fits every matrix.
-            let n = cands.iter().map(|c| c.options.len()).min().unwrap_or(1);
-            for k in (0..n).rev() {
-                let total: u64 = cands.iter().map(|c| c.options[k].1).sum();
-                if total <= budget {
-                    return Some(vec![k; cands.len()]);
+            // The largest single (width, group) every matrix has that fits.
+            let first = &cands.first()?.options;
+            let mut best: Option<(u64, Vec<usize>)> = None;
+            for c0 in first {
+                let pick: Option<Vec<usize>> = cands
+                    .iter()
+                    .map(|c| {
+                        c.options
+                            .iter()
+                            .position(|o| o.bits == c0.bits && o.group == c0.group)
+                    })
+                    .collect();
+                let Some(pick) = pick else { continue };
+                let total: u64 = cands.iter().zip(&pick).map(|(c, &k)| c.options[k].bytes).sum();
+                if total <= budget && best.as_ref().is_none_or(|(b, _)| total > *b) {
+                    best = Some((total, pick));
                 }
             }
-            Some(pick)
+            Some(best.map_or(pick, |(_, p)| p))
         }
         Allocation::Output | Allocation::Relative => {
             let norm = |c: &Candidates| {
@@ -479,8 +522,8 @@ pub fn allocate(cands: &[Candidates], budget: u64, how: Allocation) -> Option<Ve
             let gain = |i: usize, k: usize| -> Option<f64> {
                 let c = &cands[i];
                 let (a, b) = (c.options.get(k)?, c.options.get(k + 1)?);
-                let bytes = b.1.saturating_sub(a.1).max(1) as f64;
-                Some((a.2 - b.2) / norm(c) / bytes)
+                let bytes = b.bytes.saturating_sub(a.bytes).max(1) as f64;
+                Some((a.loss - b.loss) / norm(c) / bytes)
             };
             let mut heap: std::collections::BinaryHeap<(OrdF64, usize)> = (0..cands.len())
                 .filter_map(|i| gain(i, 0).map(|g| (OrdF64(g), i)))
@@ -490,7 +533,7 @@ pub fn allocate(cands: &[Candidates], budget: u64, how: Allocation) -> Option<Ve
                     break;
                 }
                 let k = pick[i];
-                let add = cands[i].options[k + 1].1 - cands[i].options[k].1;
+                let add = cands[i].options[k + 1].bytes - cands[i].options[k].bytes;
                 if used + add > budget {
                     continue;
                 }
@@ -759,11 +802,14 @@ mod tests {
     fn allocation_spends_bytes_where_the_loss_falls_most() {
         let c = |name: &str, losses: [f64; 3]| Candidates {
             name: name.into(),
-            options: vec![
-                (2, 100, losses[0]),
-                (3, 150, losses[1]),
-                (4, 200, losses[2]),
-            ],
+            options: (0..3)
+                .map(|k| Choice {
+                    bits: 2 + k as u8,
+                    group: 32,
+                    bytes: 100 + 50 * k as u64,
+                    loss: losses[k],
+                })
+                .collect(),
             norm: 1.0,
         };
         let cands = [c("a", [10.0, 5.0, 0.0]), c("b", [100.0, 20.0, 10.0])];
@@ -773,5 +819,14 @@ mod tests {
         assert_eq!(allocate(&cands, 400, Allocation::Output), Some(vec![2, 2]));
         assert_eq!(allocate(&cands, 320, Allocation::Uniform), Some(vec![1, 1]));
         assert_eq!(stored_bytes(2, 70, 4, 32), 2 * (2 * 20 + (4 + 3)));
+        // A bigger choice that loses as much is dropped.
+        let ch = |bits, bytes, loss| Choice {
+            bits,
+            group: 32,
+            bytes,
+            loss,
+        };
+        let kept = pareto(vec![ch(5, 300, 0.0), ch(3, 100, 2.0), ch(4, 200, 0.0), ch(2, 150, 3.0)]);
+        assert_eq!(kept, vec![ch(3, 100, 2.0), ch(4, 200, 0.0)]);
     }
 }

@@ -646,7 +646,7 @@ pub fn encode_rknot(
                 + kept.iter().map(|(_, t)| t.n_elements).sum::<u64>();
             let kept_bytes: u64 = kept
                 .iter()
-                .map(|(_, t)| match requantized_type(o, &t.name.dot) {
+                .map(|(_, t)| match requantized_type(o, t) {
                     Some(ty) => ty.bytes_for(t.n_elements).unwrap_or(u64::MAX / 4),
                     None => t.stored_bytes,
                 })
@@ -684,8 +684,11 @@ pub fn encode_rknot(
         // whole layer would make peak memory a layer's fp32 size (3.4 GB
         // for a 70B layer) instead of its largest matrix's (0.9 GB). The
         // price is decoding the source twice.
-        let manifest = match (&o.calibrated, &widths) {
-            (Some(c), Some(_)) => build_manifest(&activation_energy(c, index, hidden)?, o.coverage),
+        // With calibration statistics (any profile) the standing dimensions
+        // are the ones the activations carry most energy in; the faithful
+        // profile gives those lines two more bits to start from.
+        let manifest = match &o.calibrated {
+            Some(c) => build_manifest(&activation_energy(c, index, hidden)?, o.coverage),
             _ => {
                 let mut energy = vec![0f64; hidden as usize];
                 for &(i, t) in mats {
@@ -709,19 +712,22 @@ pub fn encode_rknot(
             let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
             let (spec, blocks) = match (&o.calibrated, &widths) {
                 (Some(c), Some(widths)) => {
-                    let bits = widths.get(&t.name.dot).copied().unwrap_or(c.widths[0]);
+                    let (bits, group) = widths
+                        .get(&t.name.dot)
+                        .copied()
+                        .unwrap_or((c.widths[0], c.groups[0]));
                     let stats = site_stats.get(c, index, &t.name.dot, t.shape[1])?;
                     let q = calibrated::quantize_matrix(
                         &w,
                         t.shape[1] as usize,
                         bits,
-                        c.group as usize,
+                        group as usize,
                         c.weighted_fit.then_some(&stats.diag[..]),
                         stats.factor.as_ref(),
                         &stats.diag,
                     )
                     .map_err(|e| e.tensor(&t.name.dot))?;
-                    let spec = calibrated::spec(&t.name.dot, t.shape[0], t.shape[1], bits, c.group);
+                    let spec = calibrated::spec(&t.name.dot, t.shape[0], t.shape[1], bits, group);
                     (spec, q.blocks)
                 }
                 _ => encode_matrix(&t.name.dot, &w, t.shape[0], t.shape[1], &manifest, o)
@@ -743,7 +749,7 @@ pub fn encode_rknot(
             let crate::backend::StoredType::Ggml(ty) = t.stored else {
                 continue;
             };
-            if let Some(to) = requantized_type(o, &t.name.dot) {
+            if let Some(to) = requantized_type(o, t) {
                 let w = read_tensor(dense, i).map_err(|e| e.tensor(&t.name.dot))?;
                 let bytes =
                     calibrated::requantize_ggml(&w, to).map_err(|e| e.tensor(&t.name.dot))?;
@@ -782,12 +788,19 @@ pub fn encode_rknot(
 
 /// The type a kept tensor is requantized to (calibrated profile,
 /// `--vocab-type`), if any.
-fn requantized_type(o: &RknotOptions, name: &str) -> Option<crate::quant::GgmlType> {
+fn requantized_type(
+    o: &RknotOptions,
+    t: &crate::backend::TensorInfo,
+) -> Option<crate::quant::GgmlType> {
     let c = o
         .calibrated
         .as_ref()
         .filter(|_| o.profile == Profile::Calibrated)?;
-    c.vocab.ggml().filter(|_| calibrated::is_vocab_table(name))
+    // Only ever smaller: a table already stored in fewer bytes is kept.
+    c.vocab
+        .ggml()
+        .filter(|_| calibrated::is_vocab_table(&t.name.dot))
+        .filter(|ty| ty.bytes_for(t.n_elements).is_some_and(|b| b < t.stored_bytes))
 }
 
 /// The inputs of a layer's matrices, each site's statistics prepared once
@@ -901,7 +914,7 @@ fn plan_widths(
     params: u64,
     fixed_bytes: u64,
     progress: &Progress,
-) -> Result<std::collections::HashMap<String, u8>> {
+) -> Result<std::collections::HashMap<String, (u8, u64)>> {
     let mut cands = Vec::new();
     for (&index, mats) in layers {
         let mut site_stats = SiteCache::default();
@@ -911,26 +924,38 @@ fn plan_widths(
             let w = read_tensor(dense, i).map_err(|e| e.tensor(name))?;
             let (rows, cols) = (t.shape[0], t.shape[1]);
             let stats = site_stats.get(c, index, name, cols)?;
-            let mut options = Vec::new();
-            for &bits in &c.widths {
-                let bytes = calibrated::stored_bytes(rows, cols, bits, c.group);
-                // A wider code cannot lose less than nothing.
-                if options.last().is_some_and(|&(_, _, loss)| loss == 0.0) {
-                    options.push((bits, bytes, 0.0));
-                    continue;
+            // Every (width, group), cheapest first; once one loses nothing,
+            // bigger ones are not worth trying.
+            let mut tries: Vec<(u8, u64, u64)> = c
+                .widths
+                .iter()
+                .flat_map(|&b| c.groups.iter().map(move |&g| (b, g)))
+                .map(|(b, g)| (b, g, calibrated::stored_bytes(rows, cols, b, g)))
+                .collect();
+            tries.sort_by_key(|&(b, g, bytes)| (bytes, b, g));
+            let mut options: Vec<calibrated::Choice> = Vec::new();
+            for (bits, group, bytes) in tries {
+                if options.iter().any(|o| o.loss == 0.0) {
+                    break;
                 }
                 let q = calibrated::quantize_matrix(
                     &w,
                     cols as usize,
                     bits,
-                    c.group as usize,
+                    group as usize,
                     c.weighted_fit.then_some(&stats.diag[..]),
                     stats.factor.as_ref(),
                     &stats.diag,
                 )
                 .map_err(|e| e.tensor(name))?;
-                options.push((bits, bytes, q.loss));
+                options.push(calibrated::Choice {
+                    bits,
+                    group,
+                    bytes,
+                    loss: q.loss,
+                });
             }
+            let options = calibrated::pareto(options);
             let norm = calibrated::output_energy(&w, cols as usize, &stats.diag);
             log::debug!("{name}: {options:?}, output energy {norm:.4e}");
             cands.push(calibrated::Candidates {
@@ -943,7 +968,7 @@ fn plan_widths(
     }
     let budget_bits = c.target_bpw * params as f64;
     let budget = (budget_bits / 8.0) as u64;
-    let narrowest: u64 = cands.iter().map(|c| c.options[0].1).sum();
+    let narrowest: u64 = cands.iter().map(|c| c.options[0].bytes).sum();
     let spare = budget.checked_sub(fixed_bytes).ok_or_else(|| {
         err(
             ErrorKind::BadValue,
@@ -958,7 +983,8 @@ fn plan_widths(
         err(
             ErrorKind::BadValue,
             format!(
-                "--target-bpw {}: even {}-bit codes everywhere make {:.3} bits per weight",
+                "--target-bpw {}: even the smallest codes ({} bits) everywhere make {:.3} bits \
+                 per weight",
                 c.target_bpw,
                 c.widths[0],
                 (fixed_bytes + narrowest) as f64 * 8.0 / params as f64
@@ -968,7 +994,7 @@ fn plan_widths(
     Ok(cands
         .iter()
         .zip(pick)
-        .map(|(c, k)| (c.name.clone(), c.options[k].0))
+        .map(|(c, k)| (c.name.clone(), (c.options[k].bits, c.options[k].group)))
         .collect())
 }
 
