@@ -145,6 +145,8 @@ def evaluate(label, file, dense, args):
     if probed_note:
         row["probed"] = probed_note
     commands = [shlex.join(["rknot", "inspect", file, *layered, "--json"])]
+    if probed != file:
+        commands.append(shlex.join(["llama-quantize", "--allow-requantize", file, probed, "F32"]))
     row["texts"] = {}
     for name, text in TEXTS.items():
         cmd = [rknot, "probe", probed, *layered, "--compare", REFERENCE, "--perplexity", text,

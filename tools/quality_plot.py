@@ -66,14 +66,17 @@ def group_of(row):
 
 
 def place_labels(fig, ax, points, texts):
-    """Put each label at the one of eight offsets around its point that
+    """Put each label at the one of 24 offsets around its point that
     overlaps least (in display space) with the labels already placed, the
     points and the axes' edge: readable without a layout package."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     axbox = ax.get_window_extent(renderer)
     pts = [ax.transData.transform(p) for p in points]
-    offsets = [(6, 4), (6, -10), (-6, 4), (-6, -10), (0, 9), (0, -14), (12, -3), (-12, -3)]
+    near = [(6, 4), (6, -10), (-6, 4), (-6, -10), (0, 9), (0, -14), (10, -3), (-10, -3)]
+    # Farther out, with a leader line (drawn for every label, hidden by the
+    # marker when the label is near), when the near places are taken.
+    offsets = near + [(3 * dx, 3 * dy) for dx, dy in near] + [(5 * dx, 5 * dy) for dx, dy in near]
     placed = []
 
     def overlap(a, b):
@@ -90,7 +93,7 @@ def place_labels(fig, ax, points, texts):
             t.set_position((dx, dy))
             t.set_horizontalalignment("left" if dx > 0 else "right" if dx < 0 else "center")
             bb = t.get_window_extent(renderer).expanded(1.05, 1.15)
-            cost = sum(overlap(bb, p) for p in placed)
+            cost = sum(overlap(bb, p) for p in placed) + 0.5 * (abs(dx) + abs(dy))
             cost += sum(1e3 for (px, py) in pts if bb.x0 < px < bb.x1 and bb.y0 < py < bb.y1)
             outside = (max(0, axbox.x0 - bb.x0) + max(0, bb.x1 - axbox.x1)
                        + max(0, axbox.y0 - bb.y0) + max(0, bb.y1 - axbox.y1))
@@ -135,25 +138,35 @@ def main():
         hits = [r for r in rows if pred(r)]
         if hits:
             y = hits[0]["texts"]["gpl-3.0"]["perplexity"]
-            ax.axhline(y, color="#555555", linestyle=style, linewidth=0.8, zorder=1)
-            # In the right margin, where no point's label goes.
-            ax.annotate(f"{text}\n{y:.2f}", (1.0, y), xycoords=("axes fraction", "data"), xytext=(4, 0),
-                        textcoords="offset points", ha="left", va="center", fontsize=6.5, color="#555555",
-                        annotation_clip=False)
+            ax.axhline(y, color="#555555", linestyle=style, linewidth=0.8, zorder=1, label=f"{text}: {y:.2f}")
 
     ref_line(lambda r: group_of(r) == "dense", "-", "dense")
     ref_line(lambda r: r["file"] == "smollm2.Q4_K_M.gguf", "--", "llama.cpp Q4_K_M")
-    ref_line(lambda r: r["file"] == "smollm2.Q4_K_M.imatrix.gguf", ":", "Q4_K_M + imatrix")
+    ref_line(lambda r: r["file"] == "smollm2.Q4_K_M.imatrix.gguf", ":", "llama.cpp Q4_K_M + imatrix")
+
+    # Rows at the same point (llama.cpp's Q8_0 ignores the imatrix: the same
+    # tensors) share one marker and one label.
+    points = {}
+    for r, x, y in zip(rows, xs, ys):
+        key = (round(x, 3), round(y, 3))
+        points.setdefault(key, []).append(r)
 
     seen = set()
-    for r, x, y in zip(rows, xs, ys):
-        g = group_of(r)
+    texts, where = [], []
+    for (x, y), same in points.items():
+        g = group_of(same[0])
         colour, marker, legend = GROUPS.get(g, ("#9467bd", "v", g))
         ax.scatter([x], [y], c=colour, marker=marker, s=42 if marker != "*" else 110, zorder=3,
                    label=None if g in seen else legend, edgecolors="white", linewidths=0.5)
         seen.add(g)
-    texts = [ax.annotate(r["label"], (x, y), xytext=(6, 4), textcoords="offset points", fontsize=7, zorder=4)
-             for r, x, y in zip(rows, xs, ys)]
+        # The legend says which tool made a point; its label says how.
+        names = [r["label"].removeprefix("llama.cpp ") if group_of(r).startswith("llama.cpp") else r["label"]
+                 for r in same]
+        texts.append(ax.annotate(" = ".join(names), (x, y), xytext=(6, 4), textcoords="offset points",
+                                 fontsize=7, zorder=4, color=colour if g != "llama.cpp" else "#444444",
+                                 arrowprops=dict(arrowstyle="-", color="#999999", linewidth=0.5,
+                                                 shrinkA=0, shrinkB=3)))
+        where.append((x, y))
 
     ax.set_xlabel("bits per weight (whole file × 8 / parameters served)")
     ax.set_ylabel("perplexity, GPL-3 text, ctx 256" + (" (log scale)" if log_y else ""))
@@ -169,7 +182,7 @@ def main():
         ax.set_ylim(ylo - pad, yhi + pad)
     ax.legend(fontsize=8, loc="best", framealpha=0.9)
     fig.tight_layout()
-    place_labels(fig, ax, list(zip(xs, ys)), texts)
+    place_labels(fig, ax, where, texts)
 
     out = ROOT / args.out
     tmp = out.with_name(out.name + ".tmp.png")
