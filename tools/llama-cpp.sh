@@ -9,7 +9,11 @@
 #
 # Builds, when not cached yet, llama-completion (plain non-interactive
 # completion: `llama-cli` in this version is the chat client built with the
-# server) and llama-perplexity, and prints the directory that holds them.
+# server), llama-perplexity, and llama-imatrix and llama-quantize (the
+# calibrated peers of tools/llama_peers.sh), and prints the directory that
+# holds them. A cache made before a tool joined the list lacks it and counts
+# as incomplete: it is rebuilt whole (the build is one cmake run; the tools
+# share the libraries that take most of its time).
 # With --print-bin-dir, stdout is that directory alone (progress goes to
 # stderr), for `export RKNOT_LLAMA_BIN=$(tools/llama-cpp.sh --print-bin-dir)`.
 #
@@ -25,11 +29,11 @@
 # tuned to this CPU (no GGML_NATIVE): on x86-64 they use AVX2, FMA and F16C
 # (x86-64-v3) and no AVX-512 or AMX, so a cache moves between machines (and
 # AMX, which -march=native turns on, traps in some VMs: SIGILL on tilezero).
-# Cold build on 2 cores: about 6 minutes; the cache holds about 20 MB.
+# Cold build on 2 cores: about 5 to 6 minutes; the cache holds about 35 MB.
 set -euo pipefail
 
 VERSION=0.3.36 # llama-cpp-python; its vendor/llama.cpp is what gets built
-TARGETS=(llama-completion llama-perplexity)
+TARGETS=(llama-completion llama-perplexity llama-imatrix llama-quantize)
 
 print_bin_dir=false
 case ${1:-} in
