@@ -106,6 +106,22 @@ def f32_twin(file, llama_bin, twin_dir):
     return str(twin)
 
 
+def probe(cmd, what, args, file, key):
+    """`run`, through --cache DIR when given: the output of the same probe of the same
+    FILE (DIR/STEM.KEY.out, STEM the file's name without its suffix) is reused, and a new
+    one kept there. A cached output must be of this command on this file's bytes:
+    delete the directory when the file or rknot changes."""
+    if not args.cache:
+        return run(cmd, what)
+    cached = Path(args.cache) / f"{Path(file).stem}.{key}.out"
+    if cached.is_file():
+        return cached.read_text()
+    out = run(cmd, what)
+    Path(args.cache).mkdir(parents=True, exist_ok=True)
+    cached.write_text(out)
+    return out
+
+
 def evaluate(label, file, dense, args):
     t0 = time.monotonic()
     rknot = str(Path(args.bin) / "rknot")
@@ -151,7 +167,7 @@ def evaluate(label, file, dense, args):
     for name, text in TEXTS.items():
         cmd = [rknot, "probe", probed, *layered, "--compare", REFERENCE, "--perplexity", text,
                "--ctx", str(CTX), "--no-progress", *threads]
-        out = run(cmd, f"rknot probe --perplexity {text} on {probed}")
+        out = probe(cmd, f"rknot probe --perplexity {text} on {probed}", args, probed, name)
         commands.append(shlex.join(["rknot", *cmd[1:]]))
         m, c = PPL_RE.search(out), CMP_RE.search(out)
         if not m or not c:
@@ -164,7 +180,7 @@ def evaluate(label, file, dense, args):
             "windows": int(w.group(1)) if w else None,
         }
     cmd = [rknot, "probe", probed, *layered, "--prompt", PROMPT, "--top", "1", "--no-progress", *threads]
-    out = run(cmd, f"rknot probe --prompt on {probed}")
+    out = probe(cmd, f"rknot probe --prompt on {probed}", args, probed, "paris")
     commands.append(shlex.join(["rknot", *cmd[1:]]))
     p = TOP1_RE.search(out)
     row["paris_top1"] = json.loads(p.group(2)) if p else None
@@ -193,6 +209,8 @@ def main():
     ap.add_argument("rows", nargs="+", metavar="LABEL=FILE[+DENSE]")
     ap.add_argument("--bin", default="target/ci", help="directory of the rknot binary (default target/ci)")
     ap.add_argument("--out", default="tests/data/quality/calibrated.json")
+    ap.add_argument("--cache", default=None, metavar="DIR",
+                    help="keep each probe's output in DIR and reuse it (see probe())")
     ap.add_argument("--threads", type=int, default=None, help="rknot probe --threads (default: all CPUs)")
     ap.add_argument("--llama-bin", default=None,
                     help="llama.cpp tools, for F32 twins (default: tools/llama-cpp.sh --print-bin-dir)")

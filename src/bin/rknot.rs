@@ -955,7 +955,12 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
             let entries = encode::rknot::encode_rknot(b.as_ref(), &target, &o, &progress)?;
-            (out, dense, b, format!("{} tensors", entries.len()))
+            let summary = if calibrating && profile == encode::rknot::Profile::Calibrated {
+                format!("{} tensors, calibrated", entries.len())
+            } else {
+                format!("{} tensors", entries.len())
+            };
+            (out, dense, b, summary)
         }
         EncodeCmd::Knot {
             gguf,
@@ -1008,10 +1013,18 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
         rknot::verify::overall_error(e.as_ref(), source.as_ref(), &meter)
     });
     if let Some(e) = fidelity {
-        eprintln!(
-            "rknot: overall relative weight error {e:.4} against {}: {}",
-            rknot::text::escape(&input.to_string_lossy()),
+        // The verdicts come from encodings that minimise the weight error;
+        // the calibrated profile minimises the output error instead, and
+        // its weight error says little about its answers.
+        let verdict = if summary.ends_with(", calibrated") {
+            "the calibrated profile minimises the output error on real activations, not this \
+             figure: measure answers with rknot probe --perplexity (docs/QUALITY.md)"
+        } else {
             rknot::verify::verdict(e)
+        };
+        eprintln!(
+            "rknot: overall relative weight error {e:.4} against {}: {verdict}",
+            rknot::text::escape(&input.to_string_lossy()),
         );
     }
     Ok(())
