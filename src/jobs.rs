@@ -169,7 +169,17 @@ pub fn parse_command(line: &str) -> Result<Command, String> {
                     ("rknot", "coverage") => rk.coverage = num(k, v)?,
                     ("rknot", "profile") => {
                         rk.profile = Profile::parse(v)
-                            .ok_or_else(|| format!("profile={v:?}: expected seed or faithful"))?
+                            .filter(|p| *p != Profile::Calibrated)
+                            .ok_or_else(|| {
+                                // Calibration reads a text and a STATS file
+                                // by path, which a job must not do with the
+                                // daemon's rights.
+                                format!(
+                                    "profile={v:?}: expected seed or faithful (the calibrated \
+                                     profile runs from the command line: rknot encode rknot \
+                                     --calibrate)"
+                                )
+                            })?
                     }
                     ("rknot", "bits_qk") => rk.bits_qk = num(k, v)?,
                     ("rknot", "bits_v") => rk.bits_v = num(k, v)?,

@@ -11,49 +11,10 @@ use std::path::Path;
 use common::*;
 use rknot::backend;
 use rknot::encode::calibrated::{self, AffineQuantizer};
+use rknot::encode::gptq::synthetic::{Rng, gram as correlated_gram};
 use rknot::encode::gptq::{GptqOptions, InverseFactor, output_error};
 use rknot::format::meta::Metadata;
 use rknot::format::rknot::{ArchMeta, Manifest, RknotWriter};
-
-/// xorshift, normal-ish by summing twelve uniforms.
-struct Rng(u64);
-impl Rng {
-    fn uniform(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        (0..12).map(|_| self.uniform()).sum::<f64>() - 6.0
-    }
-}
-
-/// XᵀX / n of inputs with four shared factors (correlated channels) and
-/// channel scales from 0.3 to 3, as activations have.
-fn correlated_gram(cols: usize, n: usize, rng: &mut Rng) -> Vec<f32> {
-    const FACTORS: usize = 4;
-    let load: Vec<f64> = (0..FACTORS * cols).map(|_| rng.normal()).collect();
-    let scale: Vec<f64> = (0..cols)
-        .map(|c| 10f64.powf(c as f64 / cols as f64 - 0.5))
-        .collect();
-    let mut h = vec![0f64; cols * cols];
-    for _ in 0..n {
-        let f: Vec<f64> = (0..FACTORS).map(|_| rng.normal()).collect();
-        let x: Vec<f64> = (0..cols)
-            .map(|c| {
-                let shared: f64 = (0..FACTORS).map(|k| f[k] * load[k * cols + c]).sum();
-                scale[c] * (shared + 0.3 * rng.normal())
-            })
-            .collect();
-        for i in 0..cols {
-            for j in 0..cols {
-                h[i * cols + j] += x[i] * x[j] / n as f64;
-            }
-        }
-    }
-    h.into_iter().map(|v| v as f32).collect()
-}
 
 /// One tensor in a version-3 .rknot, blocks as given.
 fn write_one(path: &Path, name: &str, rows: u64, cols: u64, bits: u8, blocks: &[Vec<u8>]) {

@@ -34,6 +34,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::encode::gptq::{GptqOptions, GroupQuantizer, InverseFactor, gptq_with};
+use crate::encode::rknot::OrdF64;
 use crate::error::{ErrorKind, Result, err};
 use crate::format::rknot::{Coding, TensorSpec, pack_affine_block};
 use crate::probe::calibrate::{CalibrationStats, Site};
@@ -504,7 +505,11 @@ pub fn allocate(cands: &[Candidates], budget: u64, how: Allocation) -> Option<Ve
                     })
                     .collect();
                 let Some(pick) = pick else { continue };
-                let total: u64 = cands.iter().zip(&pick).map(|(c, &k)| c.options[k].bytes).sum();
+                let total: u64 = cands
+                    .iter()
+                    .zip(&pick)
+                    .map(|(c, &k)| c.options[k].bytes)
+                    .sum();
                 if total <= budget && best.as_ref().is_none_or(|(b, _)| total > *b) {
                     best = Some((total, pick));
                 }
@@ -545,20 +550,6 @@ pub fn allocate(cands: &[Candidates], budget: u64, how: Allocation) -> Option<Ve
             }
             Some(pick)
         }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct OrdF64(f64);
-impl Eq for OrdF64 {}
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for OrdF64 {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0)
     }
 }
 
@@ -826,7 +817,12 @@ mod tests {
             bytes,
             loss,
         };
-        let kept = pareto(vec![ch(5, 300, 0.0), ch(3, 100, 2.0), ch(4, 200, 0.0), ch(2, 150, 3.0)]);
+        let kept = pareto(vec![
+            ch(5, 300, 0.0),
+            ch(3, 100, 2.0),
+            ch(4, 200, 0.0),
+            ch(2, 150, 3.0),
+        ]);
         assert_eq!(kept, vec![ch(3, 100, 2.0), ch(4, 200, 0.0)]);
     }
 }

@@ -323,39 +323,21 @@ pub fn output_error(w: &[f32], w_hat: &[f32], cols: usize, gram: &[f32]) -> f64 
         .sum()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Symmetric 4-bit: one scale per group, codes -8..=7.
-    struct Sym4 {
-        group: usize,
-    }
-
-    impl GroupQuantizer for Sym4 {
-        type Params = f32;
-        fn group_size(&self) -> usize {
-            self.group
-        }
-        fn fit(&self, _row: usize, _col0: usize, values: &[f32]) -> f32 {
-            let m = values.iter().fold(0f32, |a, v| a.max(v.abs()));
-            if m > 0.0 { m / 7.0 } else { 1.0 }
-        }
-        fn round(&self, scale: &f32, value: f32) -> f32 {
-            (value / scale).round().clamp(-8.0, 7.0) * scale
-        }
-    }
-
+/// Synthetic inputs for the tests of error-compensating rounding (here and
+/// in tests/calibrated.rs): a seeded generator and the Gram matrix of
+/// correlated, unevenly scaled input channels.
+#[doc(hidden)]
+pub mod synthetic {
     /// A small deterministic generator (xorshift), normal-ish by summing.
-    struct Rng(u64);
+    pub struct Rng(pub u64);
     impl Rng {
-        fn uniform(&mut self) -> f64 {
+        pub fn uniform(&mut self) -> f64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
             (self.0 >> 11) as f64 / (1u64 << 53) as f64
         }
-        fn normal(&mut self) -> f64 {
+        pub fn normal(&mut self) -> f64 {
             (0..12).map(|_| self.uniform()).sum::<f64>() - 6.0
         }
     }
@@ -363,7 +345,7 @@ mod tests {
     /// Inputs like activations: a few factors shared by every channel
     /// (correlation), each channel's own noise, uneven channel scales
     /// (0.3 .. 3).
-    fn gram(cols: usize, n: usize, rng: &mut Rng) -> Vec<f32> {
+    pub fn gram(cols: usize, n: usize, rng: &mut Rng) -> Vec<f32> {
         const FACTORS: usize = 4;
         let load: Vec<f64> = (0..FACTORS * cols).map(|_| rng.normal()).collect();
         let scale: Vec<f64> = (0..cols)
@@ -385,6 +367,31 @@ mod tests {
             }
         }
         h.into_iter().map(|v| v as f32).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::synthetic::{Rng, gram};
+    use super::*;
+
+    /// Symmetric 4-bit: one scale per group, codes -8..=7.
+    struct Sym4 {
+        group: usize,
+    }
+
+    impl GroupQuantizer for Sym4 {
+        type Params = f32;
+        fn group_size(&self) -> usize {
+            self.group
+        }
+        fn fit(&self, _row: usize, _col0: usize, values: &[f32]) -> f32 {
+            let m = values.iter().fold(0f32, |a, v| a.max(v.abs()));
+            if m > 0.0 { m / 7.0 } else { 1.0 }
+        }
+        fn round(&self, scale: &f32, value: f32) -> f32 {
+            (value / scale).round().clamp(-8.0, 7.0) * scale
+        }
     }
 
     #[test]

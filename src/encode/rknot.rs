@@ -248,8 +248,9 @@ fn allocate_widths(
     widths
 }
 
+/// An f64 ordered by `total_cmp`, for the allocators' heaps.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct OrdF64(f64);
+pub(crate) struct OrdF64(pub(crate) f64);
 impl Eq for OrdF64 {}
 impl PartialOrd for OrdF64 {
     fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
@@ -800,7 +801,10 @@ fn requantized_type(
     c.vocab
         .ggml()
         .filter(|_| calibrated::is_vocab_table(&t.name.dot))
-        .filter(|ty| ty.bytes_for(t.n_elements).is_some_and(|b| b < t.stored_bytes))
+        .filter(|ty| {
+            ty.bytes_for(t.n_elements)
+                .is_some_and(|b| b < t.stored_bytes)
+        })
 }
 
 /// The inputs of a layer's matrices, each site's statistics prepared once
