@@ -196,7 +196,12 @@ enum EncodeCmd {
         /// With --calibration-stats: whiten by the per-channel mean squares
         /// (diagonal) or by the full Gram matrix (gram; a STATS made with
         /// --gram).
-        #[arg(long, value_enum, default_value = "diagonal", requires = "calibration_stats")]
+        #[arg(
+            long,
+            value_enum,
+            default_value = "diagonal",
+            requires = "calibration_stats"
+        )]
         whiten: rknot::encode::sk32_act::Whitening,
         /// Replace an existing OUT.
         #[arg(long)]
@@ -784,10 +789,17 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
                 ..Default::default()
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
-            let calibration = stats.as_ref().map(|stats| encode::sk32_act::Sk32Calibration {
-                stats,
-                whitening: whiten,
-            });
+            let calibration = stats
+                .as_ref()
+                .map(|stats| encode::sk32_act::Sk32Calibration {
+                    stats,
+                    whitening: whiten,
+                });
+            if let (Some(cal), Some(path)) = (calibration, &calibration_stats) {
+                // Here to name the STATS file: the encoder checks again.
+                encode::sk32_act::check_coverage(cal, b.as_ref(), o.tensors.as_deref())
+                    .map_err(|e| e.path(path))?;
+            }
             let entries = encode::sk32::encode_sk32_calibrated(
                 b.as_ref(),
                 &target,

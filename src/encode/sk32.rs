@@ -25,10 +25,10 @@ use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::encode::sk32_act::{
     InputWeighting, Sk32Calibration, check_coverage, site_for, unwhiten,
 };
-use crate::probe::calibrate::SiteStats;
 use crate::encode::{Progress, block_matrices, read_tensor};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::sk32::{Sketch, write_sk32_with};
+use crate::probe::calibrate::SiteStats;
 
 #[derive(Debug, Clone)]
 pub struct Sk32Options {
@@ -332,12 +332,7 @@ pub fn encode_sk32_calibrated(
         );
     }
     if let Some(cal) = calibration {
-        check_coverage(
-            cal,
-            targets
-                .iter()
-                .map(|(_, t)| (t.name.dot.as_str(), t.shape[1] as usize)),
-        )?;
+        check_coverage(cal, dense, o.tensors.as_deref())?;
     }
     progress.start(targets.len() as u64);
     // Create the output first: an existing target fails before any work.

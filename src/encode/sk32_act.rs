@@ -29,8 +29,9 @@
 //! energy (the diagonal of G + λI), since rounding error on a quiet
 //! channel costs little output error.
 
+use crate::backend::Backend;
 use crate::encode::linalg::{Mat, Svd, matmul};
-use crate::encode::{tensor_kind, tensor_layer};
+use crate::encode::{block_matrices, tensor_kind, tensor_layer};
 use crate::error::{ErrorKind, Result, err};
 use crate::probe::calibrate::{CalibrationStats, Site, SiteStats};
 
@@ -213,18 +214,23 @@ pub fn site_for<'a>(stats: &'a CalibrationStats, name: &str, d_in: usize) -> Res
     Ok(s)
 }
 
-/// Check, before any work, that `cal` covers every `(name, d_in)`.
-pub fn check_coverage<'n>(
+/// Check, before any work, that `cal` covers every block matrix of
+/// `dense` (those matching `glob`) that an SK32 encoding sketches.
+pub fn check_coverage(
     cal: Sk32Calibration<'_>,
-    matrices: impl IntoIterator<Item = (&'n str, usize)>,
+    dense: &dyn Backend,
+    glob: Option<&str>,
 ) -> Result<()> {
-    for (name, d_in) in matrices {
+    for (_, t) in block_matrices(dense, glob) {
+        let name = t.name.dot.as_str();
+        let d_in = t.shape.get(1).map_or(0, |&d| d as usize);
         let s = site_for(cal.stats, name, d_in)?;
         if cal.whitening == Whitening::Gram && s.gram.is_none() {
+            let layer = tensor_layer(name).unwrap_or_default();
             return Err(err(
                 ErrorKind::NotFound,
                 format!(
-                    "the calibration STATS has no Gram matrix for blk.*.{} (make it with \
+                    "the calibration STATS has no Gram matrix for blk.{layer}.{} (make it with \
                      `rknot calibrate --gram`, or use --whiten diagonal)",
                     s.site.name()
                 ),
@@ -324,7 +330,11 @@ mod tests {
     fn output_error(w: &[f32], w_hat: &[f64], n: usize, gram: &[f64]) -> f64 {
         let mut total = 0.0;
         for (row, row_hat) in w.chunks(n).zip(w_hat.chunks(n)) {
-            let e: Vec<f64> = row.iter().zip(row_hat).map(|(&a, b)| f64::from(a) - b).collect();
+            let e: Vec<f64> = row
+                .iter()
+                .zip(row_hat)
+                .map(|(&a, b)| f64::from(a) - b)
+                .collect();
             for i in 0..n {
                 let gi = &gram[i * n..(i + 1) * n];
                 total += e[i] * gi.iter().zip(&e).map(|(g, x)| g * x).sum::<f64>();
@@ -346,7 +356,9 @@ mod tests {
     fn diagonal_weighting_lowers_the_output_error() {
         let (m, n, rank) = (48, 64, 8);
         let w = random_matrix(m, n, 7);
-        let mean_sq: Vec<f64> = (0..n).map(|j| 10f64.powf(-3.0 + 6.0 * j as f64 / n as f64)).collect();
+        let mean_sq: Vec<f64> = (0..n)
+            .map(|j| 10f64.powf(-3.0 + 6.0 * j as f64 / n as f64))
+            .collect();
         let o = Sk32Options {
             rank: Some(rank),
             ..Default::default()
@@ -381,7 +393,9 @@ mod tests {
         // X = Z·B + noise: inputs driven by 4 latent factors.
         let (t, latent) = (400, 4);
         let mut rng = Rng(3);
-        let b: Vec<f64> = (0..latent * n).map(|_| f64::from(rng.normal()) * 3.0).collect();
+        let b: Vec<f64> = (0..latent * n)
+            .map(|_| f64::from(rng.normal()) * 3.0)
+            .collect();
         let mut gram = vec![0f64; n * n];
         for _ in 0..t {
             let z: Vec<f64> = (0..latent).map(|_| f64::from(rng.normal())).collect();
@@ -406,8 +420,12 @@ mod tests {
         let plain = sketch_matrix("t", &w, m, n, &o).unwrap().sketch;
         let diag = InputWeighting::diagonal(&mean_sq).unwrap();
         let full = InputWeighting::gram(&gram32, n).unwrap();
-        let by_diag = sketch_matrix_weighted("t", &w, m, n, &o, Some(&diag)).unwrap().sketch;
-        let by_gram = sketch_matrix_weighted("t", &w, m, n, &o, Some(&full)).unwrap().sketch;
+        let by_diag = sketch_matrix_weighted("t", &w, m, n, &o, Some(&diag))
+            .unwrap()
+            .sketch;
+        let by_gram = sketch_matrix_weighted("t", &w, m, n, &o, Some(&full))
+            .unwrap()
+            .sketch;
         let [e_plain, e_diag, e_gram] =
             [&plain, &by_diag, &by_gram].map(|s| output_error(&w, &decoded(s), n, &gram));
         eprintln!("output error: plain {e_plain:.4e}, diagonal {e_diag:.4e}, gram {e_gram:.4e}");
