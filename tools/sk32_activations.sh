@@ -7,7 +7,7 @@
 # Needs a STATS file with Gram matrices (about 100 s to make):
 #   rknot calibrate MODEL --text data/calibration/python-idle-help.txt -o STATS --gram
 # Run: tools/sk32_activations.sh STATS [bin dir] [work dir]; RANKS="64 128"
-# chooses the ranks. Rows already in WORK/rows.jsonl are kept (resumable);
+# chooses the ranks, VARIANTS="plain diagonal gram" the variants. Rows already in WORK/rows.jsonl are kept (resumable);
 # each rank costs minutes on 2 cores (rank 384: about 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,11 +46,15 @@ PY
   echo "$label done" >&2
 }
 for r in ${RANKS:-64 128 256 384}; do
-  run "SK32 rank $r" "r$r-plain.sk32" sk32 "$model" --rank "$r"
-  run "SK32 rank $r, diagonal activations" "r$r-diag.sk32" sk32 "$model" --rank "$r" \
-    --calibration-stats "$stats" --whiten diagonal
-  run "SK32 rank $r, Gram activations" "r$r-gram.sk32" sk32 "$model" --rank "$r" \
-    --calibration-stats "$stats" --whiten gram
+  for v in ${VARIANTS:-plain diagonal gram}; do
+    case $v in
+      plain) run "SK32 rank $r" "r$r-plain.sk32" sk32 "$model" --rank "$r" ;;
+      diagonal) run "SK32 rank $r, diagonal activations" "r$r-diag.sk32" sk32 "$model" \
+        --rank "$r" --calibration-stats "$stats" --whiten diagonal ;;
+      gram) run "SK32 rank $r, Gram activations" "r$r-gram.sk32" sk32 "$model" \
+        --rank "$r" --calibration-stats "$stats" --whiten gram ;;
+    esac
+  done
 done
 python3 - "$work/rows.jsonl" "$stats" <<'PY'
 import json, sys
