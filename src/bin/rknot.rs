@@ -188,6 +188,21 @@ enum EncodeCmd {
         /// Keep Vᵀ from the SVD instead of refitting it to the quantized U and σ.
         #[arg(long)]
         no_refit: bool,
+        /// Activation-weighted sketches: the input statistics of
+        /// `rknot calibrate` (a STATS file of this model); each matrix's
+        /// sketch minimises its output error over them.
+        #[arg(long, value_name = "STATS")]
+        calibration_stats: Option<PathBuf>,
+        /// With --calibration-stats: whiten by the per-channel mean squares
+        /// (diagonal) or by the full Gram matrix (gram; a STATS made with
+        /// --gram).
+        #[arg(
+            long,
+            value_enum,
+            default_value = "diagonal",
+            requires = "calibration_stats"
+        )]
+        whiten: rknot::encode::sk32_act::Whitening,
         /// Replace an existing OUT.
         #[arg(long)]
         overwrite: bool,
@@ -796,10 +811,16 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
             balance,
             no_clip,
             no_refit,
+            calibration_stats,
+            whiten,
             overwrite,
             remote,
         } => {
             install_remote(&["encode", "sk32"], &remote)?;
+            let stats = calibration_stats
+                .as_deref()
+                .map(rknot::probe::calibrate::read_stats)
+                .transpose()?;
             let b = backend::open(&dense, None)?;
             check_encode_input(&["encode", "sk32"], b.as_ref(), &dense)?;
             eprintln!("rknot: warning: {}", encode::warnings::SK32);
@@ -813,14 +834,38 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
                 ..Default::default()
             };
             let target = OutputTarget::from_sources(&out, overwrite, &b.source_files())?;
-            let entries = encode::sk32::encode_sk32(b.as_ref(), &target, &o, &progress)?;
+            let calibration = stats
+                .as_ref()
+                .map(|stats| encode::sk32_act::Sk32Calibration {
+                    stats,
+                    whitening: whiten,
+                });
+            if let (Some(cal), Some(path)) = (calibration, &calibration_stats) {
+                // Here to name the STATS file: the encoder checks again.
+                encode::sk32_act::check_coverage(cal, b.as_ref(), o.tensors.as_deref())
+                    .map_err(|e| e.path(path))?;
+            }
+            let entries = encode::sk32::encode_sk32_calibrated(
+                b.as_ref(),
+                &target,
+                &o,
+                calibration,
+                &progress,
+            )?;
             let mean_rank =
                 entries.iter().map(|e| e.rank as f64).sum::<f64>() / entries.len().max(1) as f64;
             (
                 out,
                 dense,
                 b,
-                format!("{} sketches, mean rank {mean_rank:.1}", entries.len()),
+                match calibration {
+                    None => format!("{} sketches, mean rank {mean_rank:.1}", entries.len()),
+                    Some(c) => format!(
+                        "{} sketches, mean rank {mean_rank:.1}, activation-weighted ({})",
+                        entries.len(),
+                        c.whitening.name()
+                    ),
+                },
             )
         }
         EncodeCmd::Rknot {

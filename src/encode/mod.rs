@@ -14,6 +14,7 @@ pub mod linalg;
 pub mod output;
 pub mod rknot;
 pub mod sk32;
+pub mod sk32_act;
 
 use rayon::prelude::*;
 use std::sync::Mutex;

@@ -22,9 +22,13 @@ use rayon::prelude::*;
 use crate::backend::Backend;
 use crate::encode::linalg::{Mat, matmul, randomized_svd, symmetric_eigen};
 use crate::encode::output::{AtomicOutput, OutputTarget};
+use crate::encode::sk32_act::{
+    InputWeighting, Sk32Calibration, check_coverage, site_for, unwhiten,
+};
 use crate::encode::{Progress, block_matrices, read_tensor};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::sk32::{Sketch, write_sk32_with};
+use crate::probe::calibrate::SiteStats;
 
 #[derive(Debug, Clone)]
 pub struct Sk32Options {
@@ -63,18 +67,35 @@ impl Default for Sk32Options {
 /// (codes, max). With `clip`, the max is the clip level (searched over
 /// fractions of the max-abs) that minimizes the squared error.
 pub fn quantize_factor(x: &[f32], clip: bool) -> (Vec<u8>, f32) {
+    quantize_factor_weighted(x, clip, None)
+}
+
+/// [`quantize_factor`] whose clip search minimises the squared error
+/// weighted per column: `x` is row-major with `col_weights.len()` columns
+/// (an activation-weighted Vᵀ: rounding on a quiet input channel costs
+/// little output error).
+pub fn quantize_factor_weighted(
+    x: &[f32],
+    clip: bool,
+    col_weights: Option<&[f64]>,
+) -> (Vec<u8>, f32) {
     let maxabs = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     if maxabs == 0.0 || !maxabs.is_finite() {
         return (vec![128; x.len()], 0.0);
     }
     let code = |v: f32, m: f32| ((v / m * 127.0).round() + 128.0).clamp(1.0, 255.0) as u8;
     let err = |m: f32| -> f64 {
-        x.iter()
-            .map(|&v| {
-                let q = crate::format::sk32::dequant_uv(code(v, m), m);
-                f64::from(v - q).powi(2)
-            })
-            .sum()
+        let sq = |v: f32| {
+            let q = crate::format::sk32::dequant_uv(code(v, m), m);
+            f64::from(v - q).powi(2)
+        };
+        match col_weights.filter(|c| !c.is_empty()) {
+            Some(c) => x
+                .chunks(c.len())
+                .map(|row| row.iter().zip(c).map(|(&v, w)| w * sq(v)).sum::<f64>())
+                .sum(),
+            None => x.iter().map(|&v| sq(v)).sum(),
+        }
     };
     let mut best = maxabs;
     if clip {
@@ -94,7 +115,9 @@ pub fn quantize_factor(x: &[f32], clip: bool) -> (Vec<u8>, f32) {
 /// Result of sketching one matrix.
 pub struct SketchResult {
     pub sketch: Sketch,
-    /// Σσ² of the kept components over ‖W‖², before quantization.
+    /// Σσ² of the kept components over ‖W‖², before quantization (with an
+    /// input weighting: of the whitened W·R, i.e. the share of the mean
+    /// output energy E‖Wx‖² the truncation keeps).
     pub energy_kept: f64,
 }
 
@@ -106,8 +129,37 @@ pub fn sketch_matrix(
     d_in: usize,
     o: &Sk32Options,
 ) -> Result<SketchResult> {
+    sketch_matrix_weighted(name, w, d_out, d_in, o, None)
+}
+
+/// Sketch a `[d_out, d_in]` row-major matrix; with `weighting`, the sketch
+/// that minimises the output error under those input statistics (see
+/// [`crate::encode::sk32_act`]) rather than the weight error.
+pub fn sketch_matrix_weighted(
+    name: &str,
+    w: &[f32],
+    d_out: usize,
+    d_in: usize,
+    o: &Sk32Options,
+    weighting: Option<&InputWeighting>,
+) -> Result<SketchResult> {
+    if let Some(wt) = weighting
+        && wt.channel_energy.len() != d_in
+    {
+        return Err(err(
+            ErrorKind::ShapeMismatch,
+            format!(
+                "input statistics of {} channels for a matrix of {d_in} inputs",
+                wt.channel_energy.len()
+            ),
+        ));
+    }
     let a = Mat::from_f32(d_out, d_in, w);
-    let total = a.frobenius2();
+    // The matrix whose truncated SVD is wanted: W, or W whitened by the
+    // input statistics.
+    let whitened = weighting.map(|wt| wt.whiten(&a));
+    let target = whitened.as_ref().unwrap_or(&a);
+    let total = target.frobenius2();
     let max_rank = d_out.min(d_in);
     let (mut svd, rank) = match (o.energy, o.rank) {
         (Some(e), _) => {
@@ -120,7 +172,7 @@ pub fn sketch_matrix(
             // Grow the sketch until it captures the energy (or is full).
             let mut k = 32.min(max_rank);
             loop {
-                let svd = randomized_svd(&a, k, o.oversample, o.power_iters, o.seed);
+                let svd = randomized_svd(target, k, o.oversample, o.power_iters, o.seed);
                 let mut acc = 0.0;
                 let r = svd.sigma.iter().position(|s| {
                     acc += s * s;
@@ -136,7 +188,7 @@ pub fn sketch_matrix(
         (None, Some(r)) => {
             let r = r.clamp(1, max_rank);
             (
-                randomized_svd(&a, r, o.oversample, o.power_iters, o.seed),
+                randomized_svd(target, r, o.oversample, o.power_iters, o.seed),
                 r,
             )
         }
@@ -149,6 +201,9 @@ pub fn sketch_matrix(
     } else {
         1.0
     };
+    if weighting.is_some() {
+        svd = unwhiten(&svd, &a);
+    }
     let (mut u, mut vt): (Vec<f32>, Vec<f32>) = (
         svd.u.data.iter().map(|&x| x as f32).collect(),
         svd.vt.data.iter().map(|&x| x as f32).collect(),
@@ -181,7 +236,9 @@ pub fn sketch_matrix(
     if o.refit {
         // Vᵀ = argmin ‖W − Ũ·diag(σ̃)·Vᵀ‖ for the *quantized* Ũ and σ̃: the
         // least-squares fit absorbs their rounding (and part of the
-        // truncation) before Vᵀ itself is quantized.
+        // truncation) before Vᵀ itself is quantized. With an input
+        // weighting the same unweighted fit is the weighted optimum too
+        // (sk32_act's module documentation), so it is not changed.
         let mut bq = Mat::zeros(d_out, r);
         for i in 0..d_out {
             for k in 0..r {
@@ -194,7 +251,11 @@ pub fn sketch_matrix(
             vt = fit.data.iter().map(|&x| x as f32).collect();
         }
     }
-    let (v_q8, v_max) = quantize_factor(&vt, o.clip_search);
+    let (v_q8, v_max) = quantize_factor_weighted(
+        &vt,
+        o.clip_search,
+        weighting.map(|wt| wt.channel_energy.as_slice()),
+    );
     Ok(SketchResult {
         sketch: Sketch {
             name: name.to_string(),
@@ -250,11 +311,28 @@ pub fn encode_sk32(
     o: &Sk32Options,
     progress: &Progress,
 ) -> Result<Vec<Sk32Entry>> {
+    encode_sk32_calibrated(dense, out, o, None, progress)
+}
+
+/// [`encode_sk32`], with `calibration` each matrix's sketch weighted by
+/// the statistics of the input that feeds it (`Site::feeds`). A STATS
+/// that lacks a needed site or layer, or whose width disagrees with a
+/// matrix, is refused before any work, naming the tensor.
+pub fn encode_sk32_calibrated(
+    dense: &dyn Backend,
+    out: &OutputTarget,
+    o: &Sk32Options,
+    calibration: Option<Sk32Calibration<'_>>,
+    progress: &Progress,
+) -> Result<Vec<Sk32Entry>> {
     let targets = block_matrices(dense, o.tensors.as_deref());
     if targets.is_empty() {
         return Err(
             err(ErrorKind::NotFound, "no block matrices to encode").path(&dense.summary().path)
         );
+    }
+    if let Some(cal) = calibration {
+        check_coverage(cal, dense, o.tensors.as_deref())?;
     }
     progress.start(targets.len() as u64);
     // Create the output first: an existing target fails before any work.
@@ -269,13 +347,54 @@ pub fn encode_sk32(
     let mut entries = Vec::with_capacity(targets.len());
     let batch = rayon::current_num_threads().max(1) * 2;
     for chunk in targets.chunks(batch) {
+        // The chunk's input weightings, one per site (the matrices a site
+        // feeds are usually neighbours): a Gram whitening's Cholesky
+        // factor costs as much as a sketch.
+        let weightings: Vec<(&SiteStats, InputWeighting)> = match calibration {
+            None => Vec::new(),
+            Some(cal) => {
+                let mut sites: Vec<(&SiteStats, &str)> = Vec::new();
+                for (_, t) in chunk {
+                    let s = site_for(cal.stats, &t.name.dot, t.shape[1] as usize)?;
+                    if !sites.iter().any(|(x, _)| std::ptr::eq(*x, s)) {
+                        sites.push((s, &t.name.dot));
+                    }
+                }
+                sites
+                    .par_iter()
+                    .map(|&(s, name)| {
+                        progress.check()?;
+                        let wt = InputWeighting::from_site(s, cal.whitening)
+                            .map_err(|e| e.tensor(name))?;
+                        Ok((s, wt))
+                    })
+                    .collect::<Result<_>>()?
+            }
+        };
         let results: Vec<Result<SketchResult>> = chunk
             .par_iter()
             .map(|&(i, t)| {
                 progress.check()?;
+                let weighting = match calibration {
+                    None => None,
+                    Some(cal) => {
+                        let s = site_for(cal.stats, &t.name.dot, t.shape[1] as usize)?;
+                        weightings
+                            .iter()
+                            .find(|(p, _)| std::ptr::eq(*p, s))
+                            .map(|(_, wt)| wt)
+                    }
+                };
                 let w = read_tensor(dense, i)?;
-                let r = sketch_matrix(&t.name.dot, &w, t.shape[0] as usize, t.shape[1] as usize, o)
-                    .map_err(|e| e.tensor(&t.name.dot))?;
+                let r = sketch_matrix_weighted(
+                    &t.name.dot,
+                    &w,
+                    t.shape[0] as usize,
+                    t.shape[1] as usize,
+                    o,
+                    weighting,
+                )
+                .map_err(|e| e.tensor(&t.name.dot))?;
                 progress.tick(&t.name.dot);
                 Ok(r)
             })
@@ -295,11 +414,14 @@ pub fn encode_sk32(
         }
     }
     progress.check()?;
-    let topology = match (o.energy, o.rank) {
+    let mut topology = match (o.energy, o.rank) {
         (Some(e), _) => format!("energy-{e}-svd-sketch"),
         (None, Some(r)) => format!("rank-{r}-svd-sketch"),
         _ => "svd-sketch".into(),
     };
+    if let Some(cal) = calibration {
+        topology.push_str(&format!("-whitened-{}", cal.whitening.name()));
+    }
     let mut scratch = factors.into_inner().map_err(|e| io(e.into_error()))?;
     write_sk32_with(&mut output, &topology, &heads, |w| {
         scratch.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
