@@ -33,21 +33,29 @@ enc() {  # label, file, encode args...
   rows+=("$label=$file")
 }
 S=(--calibration-stats "$stats")
-# The calibrated default (GPTQ, activation-weighted fit, allocation by
-# output error, widths 2-8 x groups 32/64, vocabulary as Q5_1) per target.
-for b in 4.5 5.0 5.25 5.5; do
+# The calibrated default (GPTQ, activation-weighted fit, balanced
+# allocation, widths 2-8 x groups 32/64, vocabulary as Q5_1) per target.
+for b in 5.0 5.25 5.5; do
   enc ".rknot calibrated $b" "cal-$b.rknot" "${S[@]}" --target-bpw "$b"
 done
-# Each technique off, at 5.0.
-enc ".rknot calibrated 5.0, no GPTQ" cal-5.0-rtn.rknot "${S[@]}" --target-bpw 5.0 --no-gptq
-enc ".rknot calibrated 5.0, one width for all" cal-5.0-uni.rknot "${S[@]}" --target-bpw 5.0 --allocation uniform
+# Each technique on its own, at 5.0 (and 4.5).
+enc ".rknot calibrated 5.0, allocation output" cal-5.0-output.rknot "${S[@]}" --target-bpw 5.0 \
+  --allocation output
+enc ".rknot calibrated 5.0, one width for all" cal-5.0-uniform.rknot "${S[@]}" --target-bpw 5.0 \
+  --allocation uniform
+enc ".rknot calibrated 5.0, groups of 32, allocation output" cal-5.0-g32.rknot "${S[@]}" \
+  --target-bpw 5.0 --groups 32 --allocation output
+enc ".rknot calibrated 5.0, groups of 32, allocation output, no GPTQ" cal-5.0-g32-rtn.rknot \
+  "${S[@]}" --target-bpw 5.0 --groups 32 --allocation output --no-gptq
+enc ".rknot calibrated 4.5, groups of 32, allocation output" cal-4.5-g32.rknot "${S[@]}" \
+  --target-bpw 4.5 --groups 32 --allocation output
 enc ".rknot affine 5.0, no calibration" cal-5.0-plain.rknot "${S[@]}" --target-bpw 5.0 \
   --no-gptq --no-weighted-fit --allocation uniform
-# The vocabulary kept as the source's Q8_0 (whole file at most 5.85).
-enc ".rknot calibrated, vocabulary kept" cal-keep.rknot "${S[@]}" --target-bpw 5.85 --vocab-type keep
+# The vocabulary kept as the source's Q8_0: every matrix exact at 5.85.
+enc ".rknot calibrated 5.85, vocabulary kept (Q8_0)" cal-5.85-keep.rknot "${S[@]}" \
+  --target-bpw 5.85 --vocab-type keep
 # The faithful profile (no calibration), and with the activation manifest.
 enc ".rknot faithful 5.0" faithful-5.0.rknot --profile faithful --target-bpw 5.0
-enc ".rknot faithful 6.0" faithful-6.0.rknot --profile faithful --target-bpw 6.0
 enc ".rknot faithful 5.0, activation manifest" faithful-act-5.0.rknot --profile faithful \
   --target-bpw 5.0 "${S[@]}"
 tools/fidelity_eval.py --bin "$bin" --cache "$work/probes" "${rows[@]}"

@@ -271,10 +271,12 @@ enum EncodeCmd {
         #[arg(long)]
         no_weighted_fit: bool,
         /// Calibrated profile: how widths are spread over the matrices:
-        /// output (where the output error falls most per byte), relative
+        /// balanced (the largest single width and group that fits every
+        /// matrix, then the bytes left by output), output (from the
+        /// smallest, where the output error falls most per byte), relative
         /// (the same, each matrix's error over its output energy) or
-        /// uniform (one width for all).
-        #[arg(long, default_value = "output")]
+        /// uniform (one width and group for all).
+        #[arg(long, default_value = "balanced")]
         allocation: String,
         /// Calibrated profile: the code widths a matrix may get.
         #[arg(long, value_delimiter = ',', default_values_t = [2u8, 3, 4, 5, 6, 8])]
@@ -925,7 +927,7 @@ fn encode(what: EncodeCmd, mode: Mode) -> Result<(), Box<dyn std::error::Error>>
                 encode::calibrated::Allocation::parse(&allocation).ok_or_else(|| {
                     usage(
                         CMD,
-                        format!("unknown --allocation {allocation:?} (output, relative, uniform)"),
+                        format!("unknown --allocation {allocation:?} (balanced, output, relative, uniform)"),
                     )
                 })?;
             if profile == encode::rknot::Profile::Seed {

@@ -43,8 +43,11 @@ use crate::quant::GgmlType;
 /// How the first pass's output errors are compared across matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Allocation {
-    /// One width for every matrix (the smallest candidate that fits).
+    /// One (width, group) for every matrix: the largest that fits.
     Uniform,
+    /// `Uniform` first, then what is left of the budget by `Output`: the
+    /// default, measured best (docs/QUALITY.md).
+    Balanced,
     /// The output error ‖(W − Ŵ)X‖² / n as it is.
     Output,
     /// The output error over the matrix's output energy ‖WX‖² / n: every
@@ -56,6 +59,7 @@ impl Allocation {
     pub fn parse(s: &str) -> Option<Allocation> {
         match s {
             "uniform" => Some(Allocation::Uniform),
+            "balanced" => Some(Allocation::Balanced),
             "output" => Some(Allocation::Output),
             "relative" => Some(Allocation::Relative),
             _ => None,
@@ -64,6 +68,7 @@ impl Allocation {
     pub fn name(self) -> &'static str {
         match self {
             Allocation::Uniform => "uniform",
+            Allocation::Balanced => "balanced",
             Allocation::Output => "output",
             Allocation::Relative => "relative",
         }
@@ -114,7 +119,7 @@ impl CalibratedOptions {
             groups: vec![32, 64],
             gptq: true,
             weighted_fit: true,
-            allocation: Allocation::Output,
+            allocation: Allocation::Balanced,
             damp: 0.01,
             // Measured on SmolLM2 (docs/QUALITY.md): its Q8_0 embedding
             // as Q5_1 costs less perplexity than the bits it frees buy
@@ -485,72 +490,86 @@ pub fn pareto(mut all: Vec<Choice>) -> Vec<Choice> {
 /// Returns the index into each matrix's options; `None` when even the
 /// narrowest options exceed the budget.
 pub fn allocate(cands: &[Candidates], budget: u64, how: Allocation) -> Option<Vec<usize>> {
-    let mut pick = vec![0usize; cands.len()];
-    let mut used: u64 = cands.iter().map(|c| c.options[0].bytes).sum();
+    let pick = vec![0usize; cands.len()];
+    let used: u64 = cands.iter().map(|c| c.options[0].bytes).sum();
     if used > budget {
         return None;
     }
-    match how {
-        Allocation::Uniform => {
-            // The largest single (width, group) every matrix has that fits.
-            let first = &cands.first()?.options;
-            let mut best: Option<(u64, Vec<usize>)> = None;
-            for c0 in first {
-                let pick: Option<Vec<usize>> = cands
-                    .iter()
-                    .map(|c| {
-                        c.options
-                            .iter()
-                            .position(|o| o.bits == c0.bits && o.group == c0.group)
-                    })
-                    .collect();
-                let Some(pick) = pick else { continue };
-                let total: u64 = cands
-                    .iter()
-                    .zip(&pick)
-                    .map(|(c, &k)| c.options[k].bytes)
-                    .sum();
-                if total <= budget && best.as_ref().is_none_or(|(b, _)| total > *b) {
-                    best = Some((total, pick));
-                }
-            }
-            Some(best.map_or(pick, |(_, p)| p))
-        }
-        Allocation::Output | Allocation::Relative => {
-            let norm = |c: &Candidates| {
-                if how == Allocation::Relative && c.norm > 0.0 {
-                    c.norm
-                } else {
-                    1.0
-                }
-            };
-            let gain = |i: usize, k: usize| -> Option<f64> {
-                let c = &cands[i];
-                let (a, b) = (c.options.get(k)?, c.options.get(k + 1)?);
-                let bytes = b.bytes.saturating_sub(a.bytes).max(1) as f64;
-                Some((a.loss - b.loss) / norm(c) / bytes)
-            };
-            let mut heap: std::collections::BinaryHeap<(OrdF64, usize)> = (0..cands.len())
-                .filter_map(|i| gain(i, 0).map(|g| (OrdF64(g), i)))
+    let uniform = |pick: Vec<usize>| -> Vec<usize> {
+        // The largest single (width, group) every matrix has that fits.
+        let Some(first) = cands.first().map(|c| &c.options) else {
+            return pick;
+        };
+        let mut best: Option<(u64, Vec<usize>)> = None;
+        for c0 in first {
+            let chosen: Option<Vec<usize>> = cands
+                .iter()
+                .map(|c| {
+                    c.options
+                        .iter()
+                        .position(|o| o.bits == c0.bits && o.group == c0.group)
+                })
                 .collect();
-            while let Some((OrdF64(g), i)) = heap.pop() {
-                if g <= 0.0 {
-                    break;
-                }
-                let k = pick[i];
-                let add = cands[i].options[k + 1].bytes - cands[i].options[k].bytes;
-                if used + add > budget {
-                    continue;
-                }
-                used += add;
-                pick[i] = k + 1;
-                if let Some(g) = gain(i, k + 1) {
-                    heap.push((OrdF64(g), i));
-                }
+            let Some(chosen) = chosen else { continue };
+            let total: u64 = cands
+                .iter()
+                .zip(&chosen)
+                .map(|(c, &k)| c.options[k].bytes)
+                .sum();
+            if total <= budget && best.as_ref().is_none_or(|(b, _)| total > *b) {
+                best = Some((total, chosen));
             }
-            Some(pick)
+        }
+        best.map_or(pick, |(_, p)| p)
+    };
+    Some(match how {
+        Allocation::Uniform => uniform(pick),
+        Allocation::Balanced => greedy(cands, uniform(pick), budget, Allocation::Output),
+        Allocation::Output | Allocation::Relative => greedy(cands, pick, budget, how),
+    })
+}
+
+/// From `pick`, raise one matrix one step at a time where the loss falls
+/// most per added byte (over its output energy with `Relative`), while
+/// the total stays within `budget`.
+fn greedy(cands: &[Candidates], mut pick: Vec<usize>, budget: u64, how: Allocation) -> Vec<usize> {
+    let mut used: u64 = cands
+        .iter()
+        .zip(&pick)
+        .map(|(c, &k)| c.options[k].bytes)
+        .sum();
+    let norm = |c: &Candidates| {
+        if how == Allocation::Relative && c.norm > 0.0 {
+            c.norm
+        } else {
+            1.0
+        }
+    };
+    let gain = |i: usize, k: usize| -> Option<f64> {
+        let c = &cands[i];
+        let (a, b) = (c.options.get(k)?, c.options.get(k + 1)?);
+        let bytes = b.bytes.saturating_sub(a.bytes).max(1) as f64;
+        Some((a.loss - b.loss) / norm(c) / bytes)
+    };
+    let mut heap: std::collections::BinaryHeap<(OrdF64, usize)> = (0..cands.len())
+        .filter_map(|i| gain(i, pick[i]).map(|g| (OrdF64(g), i)))
+        .collect();
+    while let Some((OrdF64(g), i)) = heap.pop() {
+        if g <= 0.0 {
+            break;
+        }
+        let k = pick[i];
+        let add = cands[i].options[k + 1].bytes - cands[i].options[k].bytes;
+        if used + add > budget {
+            continue;
+        }
+        used += add;
+        pick[i] = k + 1;
+        if let Some(g) = gain(i, k + 1) {
+            heap.push((OrdF64(g), i));
         }
     }
+    pick
 }
 
 /// The statistics a matrix needs: per-column mean squares (f32) and, with
@@ -809,6 +828,16 @@ mod tests {
         assert_eq!(allocate(&cands, 300, Allocation::Output), Some(vec![0, 2]));
         assert_eq!(allocate(&cands, 400, Allocation::Output), Some(vec![2, 2]));
         assert_eq!(allocate(&cands, 320, Allocation::Uniform), Some(vec![1, 1]));
+        // Balanced: the uniform choice, then the bytes left where the loss
+        // falls most.
+        assert_eq!(
+            allocate(&cands, 300, Allocation::Balanced),
+            Some(vec![1, 1])
+        );
+        assert_eq!(
+            allocate(&cands, 350, Allocation::Balanced),
+            Some(vec![1, 2])
+        );
         assert_eq!(stored_bytes(2, 70, 4, 32), 2 * (2 * 20 + (4 + 3)));
         // A bigger choice that loses as much is dropped.
         let ch = |bits, bytes, loss| Choice {
