@@ -41,6 +41,8 @@ done
 # Each technique on its own, at 5.0 (and 4.5).
 enc ".rknot calibrated 5.0, allocation output" cal-5.0-output.rknot "${S[@]}" --target-bpw 5.0 \
   --allocation output
+enc ".rknot calibrated 5.25, allocation output" cal-5.25-output.rknot "${S[@]}" --target-bpw 5.25 \
+  --allocation output
 enc ".rknot calibrated 5.0, one width for all" cal-5.0-uniform.rknot "${S[@]}" --target-bpw 5.0 \
   --allocation uniform
 enc ".rknot calibrated 5.0, groups of 32, allocation output" cal-5.0-g32.rknot "${S[@]}" \
@@ -51,9 +53,9 @@ enc ".rknot calibrated 4.5, groups of 32, allocation output" cal-4.5-g32.rknot "
   --target-bpw 4.5 --groups 32 --allocation output
 enc ".rknot affine 5.0, no calibration" cal-5.0-plain.rknot "${S[@]}" --target-bpw 5.0 \
   --no-gptq --no-weighted-fit --allocation uniform
-# The vocabulary kept as the source's Q8_0: every matrix exact at 5.85.
+# The vocabulary kept as the source's Q8_0: (almost) every matrix exact.
 enc ".rknot calibrated 5.85, vocabulary kept (Q8_0)" cal-5.85-keep.rknot "${S[@]}" \
-  --target-bpw 5.85 --vocab-type keep
+  --target-bpw 5.85 --vocab-type keep --allocation output
 # The faithful profile (no calibration), and with the activation manifest.
 enc ".rknot faithful 5.0" faithful-5.0.rknot --profile faithful --target-bpw 5.0
 enc ".rknot faithful 5.0, activation manifest" faithful-act-5.0.rknot --profile faithful \
