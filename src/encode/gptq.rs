@@ -75,7 +75,7 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 /// Lower Cholesky factor L of the symmetric positive definite `a`
 /// (`n × n`, row-major): a = L Lᵀ. Row-oriented, every inner product over
 /// two contiguous row prefixes.
-fn cholesky_lower(a: &[f64], n: usize) -> Result<Vec<f64>> {
+pub(crate) fn cholesky_lower(a: &[f64], n: usize) -> Result<Vec<f64>> {
     let mut l = vec![0f64; n * n];
     for i in 0..n {
         for j in 0..=i {
@@ -86,9 +86,8 @@ fn cholesky_lower(a: &[f64], n: usize) -> Result<Vec<f64>> {
                     return Err(err(
                         ErrorKind::BadValue,
                         format!(
-                            "the Gram matrix is not positive definite at column {} \
-                             (pivot {d}): more damping is needed",
-                            n - 1 - i
+                            "the Gram matrix is not positive definite (pivot {i} of {n} \
+                             is {d:e}): more damping is needed"
                         ),
                     ));
                 }

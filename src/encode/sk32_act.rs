@@ -276,32 +276,14 @@ pub fn unwhiten(whitened: &Svd, a: &Mat) -> Svd {
 }
 
 /// Lower Cholesky factor L of the symmetric positive definite `a`:
-/// a = L Lᵀ. Row-major, with each entry a dot product of two contiguous
-/// row prefixes.
+/// a = L Lᵀ (`encode::gptq`'s factorisation, on a [`Mat`]).
 pub fn cholesky_lower(a: &Mat) -> Result<Mat> {
     let n = a.rows;
-    let mut l = Mat::zeros(n, n);
-    for i in 0..n {
-        for j in 0..=i {
-            let (li, lj) = (&l.data[i * n..i * n + j], &l.data[j * n..j * n + j]);
-            let dot: f64 = li.iter().zip(lj).map(|(x, y)| x * y).sum();
-            let s = a.data[i * n + j] - dot;
-            if i == j {
-                if !(s > 0.0 && s.is_finite()) {
-                    return Err(err(
-                        ErrorKind::BadValue,
-                        format!(
-                            "Gram matrix is not positive definite (pivot {i} is {s:e} after damping)"
-                        ),
-                    ));
-                }
-                l.data[i * n + i] = s.sqrt();
-            } else {
-                l.data[i * n + j] = s / l.data[j * n + j];
-            }
-        }
-    }
-    Ok(l)
+    Ok(Mat {
+        rows: n,
+        cols: n,
+        data: crate::encode::gptq::cholesky_lower(&a.data, n)?,
+    })
 }
 
 #[cfg(test)]
