@@ -382,6 +382,17 @@ pub fn quantize_matrix(
     factor: Option<&InverseFactor>,
     diag: &[f32],
 ) -> Result<Quantized> {
+    // f16 scales and offsets: a value beyond f16's range (or not finite)
+    // has no affine block that holds it.
+    if let Some(i) = w.iter().position(|v| v.is_nan() || v.abs() > 65504.0) {
+        return Err(err(
+            ErrorKind::BadValue,
+            format!(
+                "weight {i} is {}: affine blocks hold values within f16's range (±65504)",
+                w[i]
+            ),
+        ));
+    }
     let q = AffineQuantizer {
         bits,
         group,
