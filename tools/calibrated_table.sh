@@ -35,7 +35,7 @@ enc() {  # label, file, encode args...
 S=(--calibration-stats "$stats")
 # The calibrated default (GPTQ, activation-weighted fit, balanced
 # allocation, widths 2-8 x groups 32/64, vocabulary as Q5_1) per target.
-for b in 5.0 5.25 5.5; do
+for b in 4.75 5.0 5.25 5.5; do
   enc ".rknot calibrated $b" "cal-$b.rknot" "${S[@]}" --target-bpw "$b"
 done
 # Each technique on its own, at 5.0 (and 4.5).
