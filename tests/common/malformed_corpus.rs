@@ -2330,7 +2330,7 @@ fn rknot_cases(c: &mut Corpus) {
         "rknot_mode_unknown.rknot",
         hedit(&|h| t0(h, 0)["mode"] = json!("sparse")),
         "BadValue",
-        "mode \"sparse\" is not \"uniform\" or \"graded\"",
+        "mode \"sparse\" is not \"uniform\", \"graded\" or \"affine\"",
         "mode sparse",
     );
     c.case(
