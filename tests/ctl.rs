@@ -354,3 +354,47 @@ fn opens_and_failed_reads_do_not_flood_the_log() {
     // (The kernel's read-ahead adds a few failing reads of its own.)
     assert!(m.ctl_json()["reads"]["errors"].as_u64().unwrap() >= 2000);
 }
+
+/// Every mount has `ctl.json`, the read-only status, with or without
+/// encoding jobs (`-o nojobs` here; a remote mount without `--jobs-dir`
+/// likewise): mode 0444, so another user reads the status that `ctl`
+/// (0600, the owner's) keeps from them.
+#[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn ctl_json_is_served_without_jobs_and_readable_by_other_users() {
+    if !fuse_available() {
+        return;
+    }
+    let Some(user) = test_user() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_copy(dir.path());
+    let m = Mounted::new(&model, &["-o", "allow_other,nojobs"]);
+    std::fs::set_permissions(
+        m.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let names = listing(&m.mp);
+    assert!(names.iter().any(|n| n == "ctl.json"), "{names:?}");
+    assert!(!names.iter().any(|n| n == "jobs"), "{names:?}");
+    let v = m.ctl_json();
+    assert!(v["jobs"].as_array().is_some_and(|j| j.is_empty()), "{v}");
+    assert!(v["jobs_dir"].is_null(), "{v}");
+    let st = user.sh(&format!(
+        "stat -c '%a' {0}/ctl.json {0}/ctl && cat {0}/ctl.json",
+        m.mp.display()
+    ));
+    let out = String::from_utf8_lossy(&st.stdout).to_string();
+    assert!(
+        st.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let (modes, json) = out.split_at(out.find('{').unwrap_or(out.len()));
+    assert_eq!(modes, "444\n600\n");
+    let theirs: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert!(theirs["reads"]["total"].is_u64(), "{theirs}");
+}

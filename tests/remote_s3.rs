@@ -105,8 +105,8 @@ fn read_full(f: &mut std::fs::File, buf: &mut [u8]) -> usize {
 /// Every tensor file and both engine views of `remote` equal those of
 /// `local`; the listings are the same. Returns the number of files.
 fn assert_same_mount(remote: &Mounted, local: &Mounted) -> usize {
-    // (ctl.json and jobs/ come with encoding jobs, which a remote source
-    // has only with a jobs directory.)
+    // (jobs/ comes with encoding jobs, which a remote source has only
+    // with a jobs directory; ctl.json differs between mounts.)
     let model_files = |m: &Mounted| {
         let mut v = listing(&m.mp);
         v.retain(|n| n != "ctl.json" && n != "jobs");

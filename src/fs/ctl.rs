@@ -146,7 +146,7 @@ impl TensorFs {
     fn render_live(&self, ino: u64) -> Option<Vec<u8>> {
         match ino {
             CTL_INO => Some(self.ctl_text().into_bytes()),
-            CTL_JSON_INO if self.jobs.is_some() => {
+            CTL_JSON_INO => {
                 let mut text = serde_json::to_string_pretty(&self.ctl_json()).unwrap_or_default();
                 text.push('\n');
                 Some(crate::text::escape_json_text(text).into_bytes())

@@ -14,8 +14,9 @@
 //! - `ctl`: live status (version, sources, cache statistics, reads in
 //!   flight); writing a command line to it (`drop-cache`, job commands)
 //!   acts on the daemon;
-//! - with encoding jobs on: `ctl.json` (the status for tools) and `jobs/`
-//!   (one file per job, `jobs/N`);
+//! - `ctl.json`: the same status for tools, readable by everyone who can
+//!   read the mount (`ctl` is its owner's: 0600);
+//! - with encoding jobs on: `jobs/` (one file per job, `jobs/N`);
 //! - for llama and qwen2 models, `hf/`: a Hugging Face checkpoint directory
 //!   (`config.json`, `generation_config.json`, `tokenizer.json`,
 //!   `tokenizer_config.json`, `model.safetensors` with HF names and llama's

@@ -281,9 +281,14 @@ impl Namespace {
         hf: std::result::Result<HfDir, String>,
         jobs: bool,
     ) -> Namespace {
-        let mut fixed = vec![(INDEX_NAME, INDEX_INO), (CTL_NAME, CTL_INO)];
+        // ctl.json is the read-only status (0444, whoever may command the
+        // mount): every mount has one, with or without jobs.
+        let mut fixed = vec![
+            (INDEX_NAME, INDEX_INO),
+            (CTL_NAME, CTL_INO),
+            (CTL_JSON_NAME, CTL_JSON_INO),
+        ];
         if jobs {
-            fixed.push((CTL_JSON_NAME, CTL_JSON_INO));
             fixed.push((JOBS_DIR_NAME, JOBS_DIR_INO));
         }
         for v in views
@@ -410,7 +415,7 @@ impl TensorFs {
                 perm: 0o600,
                 ..live
             }),
-            CTL_JSON_INO if self.ns.jobs => Ok(live),
+            CTL_JSON_INO => Ok(live),
             JOBS_DIR_INO if self.ns.jobs => Ok(Attr {
                 kind: Kind::Dir,
                 perm: 0o555,

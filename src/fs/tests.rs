@@ -144,8 +144,9 @@ fn view_inodes_names_and_sizes() {
         assert_eq!((a.size, a.nlink), (f32a.size / 2, 2));
     }
     let n = list(&fs, ROOT_INO, 7).unwrap().len();
-    // . .. index.json ctl, 4 views, hf/, 2 names x 3 formats per tensor.
-    assert_eq!(n, 2 + 2 + 4 + 1 + 21 * 2 * 3);
+    // . .. index.json ctl ctl.json, 4 views, hf/, 2 names x 3 formats
+    // per tensor.
+    assert_eq!(n, 2 + 3 + 4 + 1 + 21 * 2 * 3);
     // hf/: its block of inodes at 2^47.
     let hf = fs.lookup(ROOT_INO, "hf").unwrap();
     assert_eq!((hf.ino, hf.kind), (super::hf::HF_DIR_INO, Kind::Dir));
@@ -449,10 +450,13 @@ fn namespace_and_attributes() {
         .into_iter()
         .map(|e| e.2)
         .collect();
-    // . .. index.json ctl model.safetensors model.gguf hf, 2 names per
-    // tensor.
-    assert_eq!(names.len(), 2 + 2 + 2 + 1 + 21 * 2);
+    // . .. index.json ctl ctl.json model.safetensors model.gguf hf, 2
+    // names per tensor.
+    assert_eq!(names.len(), 2 + 3 + 2 + 1 + 21 * 2);
     assert!(names.contains(&"index.json".to_string()) && names.contains(&"ctl".to_string()));
+    // ctl.json without jobs: the read-only status, for every reader.
+    assert!(names.contains(&"ctl.json".to_string()));
+    assert_eq!(fs.getattr(CTL_JSON_INO).unwrap().perm, 0o444);
     assert_eq!(list(&fs, a.ino, 100), Err(libc::ENOTDIR));
     // hf/: the directory, config.json, generation_config.json and its
     // model.safetensors.
