@@ -146,6 +146,9 @@ fn mount_usage_errors_exit_2() {
     assert_usage(&m(&["-o", "chunk_kb=2"]), "a chunk is 4..=16384 KiB");
     assert_usage(&m(&["-o", "threads=0"]), "at least 1");
     assert_usage(&m(&["--threads", "0"]), "at least 1");
+    assert_usage(&m(&["--threads", "3000"]), "at most 64");
+    assert_usage(&m(&["-o", "threads=3000"]), "at most 64");
+    assert_usage(&m(&["-o", "prefetch_threads=3000"]), "at most 64");
     // A runtime error (here the missing mountpoint) is 1.
     let o = m(&[]);
     assert_eq!(

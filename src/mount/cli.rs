@@ -36,7 +36,7 @@ pub struct MountCli {
     /// Decoded-chunk cache in MiB, at least 1 [default: 256].
     #[arg(long, value_name = "MIB", value_parser = parse_cache_mb)]
     pub cache_mb: Option<u64>,
-    /// FUSE worker threads, at least 1 [default: number of CPUs, 2..=16].
+    /// FUSE worker threads, 1 to 64 [default: number of CPUs, 2..=16].
     #[arg(long, value_name = "N", value_parser = parse_threads)]
     pub threads: Option<usize>,
     /// Stay attached (for systemd); log to stderr.

@@ -145,7 +145,7 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
     let threads = req
         .threads
         .or(opts.threads)
-        .unwrap_or_else(|| n_cpus().clamp(2, 16));
+        .unwrap_or_else(|| n_cpus().clamp(2, 16).min(options::MAX_THREADS));
     options::check_threads(threads).map_err(|e| format!("--threads: {e}"))?;
     options::check_cache_mb(cache_mb).map_err(|e| format!("--cache-mb: {e}"))?;
     let uid = opts.uid.unwrap_or_else(checks::geteuid);
@@ -160,7 +160,9 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
         chunk_bytes: opts
             .chunk_kb
             .map_or(crate::fs::DEFAULT_CHUNK_BYTES, |k| k * 1024),
-        prefetch_threads: opts.prefetch_threads.unwrap_or_else(n_cpus),
+        prefetch_threads: opts
+            .prefetch_threads
+            .unwrap_or_else(|| n_cpus().min(options::MAX_PREFETCH_THREADS)),
         views: req.views.or(opts.views).unwrap_or_default(),
         jobs: jobs_config(req, &opts, &source)?,
         integrity: integrity.clone(),

@@ -83,10 +83,36 @@ pub fn check_gb(n: f64) -> Result<f64, String> {
     Ok(n)
 }
 
-/// `--threads` / `threads=`: at least one FUSE worker.
+/// The most FUSE worker threads (`--threads`): the kernel keeps few
+/// requests outstanding per mount (`max_background`, 12 by default, plus
+/// one per reading thread), and each worker holds a reply buffer (1 MiB,
+/// counted in the memory bound), so more than this only costs memory and
+/// thread-creation time.
+pub const MAX_THREADS: usize = 64;
+
+/// The most read-ahead decode threads (`prefetch_threads=`): decodes are
+/// CPU work, and past the machine's cores more threads only cost memory
+/// (a chunk being decoded each, counted in the memory bound).
+pub const MAX_PREFETCH_THREADS: usize = 64;
+
+/// `--threads` / `threads=`: at least one FUSE worker, at most
+/// [`MAX_THREADS`].
 pub fn check_threads(n: usize) -> Result<usize, String> {
     if n == 0 {
         return Err("at least 1 FUSE thread is needed".into());
+    }
+    if n > MAX_THREADS {
+        return Err(format!("{n}: at most {MAX_THREADS} FUSE threads"));
+    }
+    Ok(n)
+}
+
+/// `prefetch_threads=`: 0 (no read-ahead) to [`MAX_PREFETCH_THREADS`].
+pub fn check_prefetch_threads(n: usize) -> Result<usize, String> {
+    if n > MAX_PREFETCH_THREADS {
+        return Err(format!(
+            "{n}: at most {MAX_PREFETCH_THREADS} read-ahead threads"
+        ));
     }
     Ok(n)
 }
@@ -152,7 +178,9 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
             ("direct_io", None) => o.direct_io = true,
             ("cache_mb", Some(v)) => o.cache_mb = Some(checked(key, v, check_cache_mb)?),
             ("threads", Some(v)) => o.threads = Some(checked(key, v, check_threads)?),
-            ("prefetch_threads", Some(v)) => o.prefetch_threads = Some(num(key, v)?),
+            ("prefetch_threads", Some(v)) => {
+                o.prefetch_threads = Some(checked(key, v, check_prefetch_threads)?)
+            }
             ("readahead_kb", Some(v)) => o.readahead_kb = Some(num(key, v)?),
             ("chunk_kb", Some(v)) => {
                 o.chunk_kb = Some(checked(key, v, |k: u64| {
@@ -397,6 +425,16 @@ mod tests {
         assert!(e.contains("minimum cache of 1 MiB"), "{e}");
         assert_eq!(p(&["cache_mb=1"]).unwrap().cache_mb, Some(1));
         assert!(p(&["threads=0"]).unwrap_err().contains("at least 1"));
+        // The 3000 + 3000 (6004 daemon threads): refused.
+        assert!(p(&["threads=3000"]).unwrap_err().contains("at most 64"));
+        assert!(p(&["threads=65"]).unwrap_err().contains("at most 64"));
+        assert_eq!(p(&["threads=64"]).unwrap().threads, Some(64));
+        let e = p(&["prefetch_threads=3000"]).unwrap_err();
+        assert!(e.contains("at most 64 read-ahead threads"), "{e}");
+        assert_eq!(
+            p(&["prefetch_threads=0"]).unwrap().prefetch_threads,
+            Some(0)
+        );
         assert!(
             p(&["chunk_kb=2"])
                 .unwrap_err()
