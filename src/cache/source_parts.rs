@@ -6,10 +6,14 @@
 //! Layout of DIR (one flat directory, mode 0700, owned by the daemon's
 //! user, checked at open as for the decoded store: `super::dir`):
 //! - `<name>`: one part, mode 0600. `<name>` is the lowercase hex SHA-256
-//!   of the part's key (the layout version, then the object's redacted URL
+//!   of the part's key (the layout version, then the object's identity
 //!   and its pinned version, each preceded by its length, then the part
 //!   size and the part's index, as little-endian u64), so every field
-//!   counts and none can run into the next.
+//!   counts and none can run into the next. The identity
+//!   (`source::identity`) is the redacted URL followed by a SHA-256 of
+//!   everything in the URL that selects the object (the query string
+//!   without its signing parameters; an `s3://` object's endpoint): two
+//!   objects whose URLs differ only in the query are two keys.
 //! - `.tmp.<name>.<pid>.<n>`: a part being written; renamed to `<name>`
 //!   when complete, so a reader never sees half a part. A writer killed
 //!   mid-write leaves only this, removed at the next open once its pid is
@@ -23,15 +27,15 @@
 //! | offset | bytes | field |
 //! | --- | --- | --- |
 //! | 0 | 8 | magic `rknotSP\0` |
-//! | 8 | 4 | format version (1) |
+//! | 8 | 4 | format version (2) |
 //! | 12 | 4 | header length H (52 + the two strings) |
 //! | 16 | 8 | part size of the key |
 //! | 24 | 8 | part index of the key |
 //! | 32 | 8 | data length L |
 //! | 40 | 4 | CRC-32C of the data |
-//! | 44 | 4 | length of the object's URL |
+//! | 44 | 4 | length of the object's identity |
 //! | 48 | 4 | length of the version |
-//! | 52 | | the object's URL, then the version (UTF-8) |
+//! | 52 | | the object's identity, then the version (UTF-8) |
 //! | H | L | the data |
 //!
 //! Why a checksum per part: the cache outlives the process, shares a disk
@@ -47,9 +51,13 @@
 //! miss: the caller fetches the part again.
 //!
 //! Versions: the key holds the object's pinned version (ETag, or size and
-//! Last-Modified), never credentials or query strings, so two mounts of one
-//! object share parts and a changed object never sees its old version's
-//! parts; those age out by LRU.
+//! Last-Modified) next to its identity, never credentials or query strings
+//! in the clear, so two mounts of one object (presigned URLs of it with
+//! different signatures included) share parts, two objects never do, and a
+//! changed object never sees its old version's parts; those age out by LRU.
+//! An object without an ETag replaced by one of the same size within the
+//! same second of Last-Modified cannot be told apart by any HTTP cache; a
+//! server that sends ETags (every object store does) has no such case.
 //!
 //! LRU by size, across processes: a file's mtime is its last use (a hit
 //! refreshes it, at most once per [`TOUCH_EVERY`]). A write keeps the
@@ -84,8 +92,10 @@ use crate::error::Result;
 const MAGIC: [u8; 8] = *b"rknotSP\0";
 
 /// Version of the file layout. Part of the file name too, so files of
-/// another layout are never opened (they age out by LRU).
-const FORMAT: u32 = 1;
+/// another layout are never opened (they age out by LRU). 2: keyed by the
+/// object's identity; layout 1 keyed by the redacted URL, which two
+/// objects may share.
+const FORMAT: u32 = 2;
 
 /// Bytes of the header before the key's strings.
 const FIXED_HEADER: usize = 52;
@@ -105,10 +115,12 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 /// Length of a part's file name: hex SHA-256.
 const NAME_LEN: usize = 64;
 
-/// Identity of one part: never contains credentials or query strings.
+/// Identity of one part: never contains credentials or query strings in
+/// the clear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartKey<'a> {
-    /// The object's redacted URL, e.g. `s3://bucket/key`, `https://host/path`.
+    /// The object's identity (`source::identity`), e.g.
+    /// `https://host/get sha256:<hex>`.
     pub object: &'a str,
     /// The object's pinned version, e.g. its ETag or `size+last-modified`.
     pub version: &'a str,

@@ -65,8 +65,11 @@ use super::lock;
 use crate::error::{Error, ErrorKind, Result, err};
 use crate::source::SourceVersion;
 
-/// Version of the entry layout (data + sidecar), part of every key.
-const LAYOUT: u32 = 1;
+/// Version of the entry layout (data + sidecar), part of every key. 2: a
+/// remote source is named by its identity (`SourceFile::cache_identity`),
+/// not its redacted URL, which two objects may share; entries of layout 1
+/// are never used (they age out by LRU).
+const LAYOUT: u32 = 2;
 
 /// Largest sidecar read back: keys are a few hundred bytes.
 const MAX_META_BYTES: u64 = 1 << 20;
@@ -80,6 +83,8 @@ const CHECK_BLOCK: usize = 4 << 20;
 /// not invalidate its entries).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceId {
+    /// A local file's path, or a remote object's identity (its redacted URL
+    /// and a digest of what selects it: `SourceFile::cache_identity`).
     pub path: String,
     pub version: SourceVersion,
 }

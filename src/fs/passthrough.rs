@@ -262,7 +262,7 @@ pub(super) fn source_ids(b: &dyn crate::backend::Backend) -> Vec<SourceId> {
     b.source_files()
         .iter()
         .map(|s| SourceId {
-            path: s.path().display().to_string(),
+            path: s.cache_identity(),
             version: *s.version(),
         })
         .collect()

@@ -24,6 +24,7 @@
 mod argv;
 pub mod cli;
 mod http;
+mod identity;
 mod local;
 mod parts;
 mod remote;
@@ -104,11 +105,24 @@ impl SourceFile {
 
     /// The version that was opened (and that every read is checked
     /// against). For a remote object: device 0 and an "inode" hashed from
-    /// its redacted URL and pinned version ([`SourceFile::remote_pin`]).
+    /// its identity ([`SourceFile::cache_identity`]) and pinned version
+    /// ([`SourceFile::remote_pin`]).
     pub fn version(&self) -> &SourceVersion {
         match &self.backing {
             Backing::Local(l) => l.version(),
             Backing::Remote(r) => r.version(),
+        }
+    }
+
+    /// Which file or object this is, for caches that outlive the process
+    /// (with [`SourceFile::version`], which version of it): the path of a
+    /// local file; for a remote object its redacted URL and a digest of
+    /// every part of the URL that selects the object (`identity`): two
+    /// objects may share a redacted URL.
+    pub fn cache_identity(&self) -> String {
+        match &self.backing {
+            Backing::Local(l) => l.path().display().to_string(),
+            Backing::Remote(r) => r.identity().to_string(),
         }
     }
 

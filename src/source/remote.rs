@@ -555,6 +555,9 @@ pub(crate) struct RemoteFile {
 struct Inner {
     /// The redacted URL, as a path (what errors and `ctl` name).
     display: PathBuf,
+    /// Which object this is, for caches ([`super::identity`]): the redacted
+    /// URL and a digest of everything in the URL that selects the object.
+    identity: String,
     /// The URL as given (query string included: a presigned URL's
     /// signature). Never printed.
     url: String,
@@ -709,6 +712,11 @@ impl RemoteFile {
         let display = PathBuf::from(redact(url));
         let fail = |m: String| err(ErrorKind::Io, m).path(&display);
         let (target, location) = parse_url(url).map_err(fail)?;
+        let s3_endpoint = match &target {
+            Target::S3 { .. } => super::s3::s3_endpoint(&opts),
+            Target::Http => None,
+        };
+        let identity = super::identity::object_identity(url, s3_endpoint.as_deref());
         let ca_pem = match &opts.ca_bundle {
             Some(p) => Some(read_ca_bundle(p).map_err(fail)?),
             None => None,
@@ -748,7 +756,8 @@ impl RemoteFile {
         let if_match = pin.etag.clone().filter(|e| !e.starts_with("W/"));
         let blocks = Arc::new(BlockCache::new(opts.cache_bytes));
         let inner = Inner {
-            version: synth_version(&display, &pin),
+            version: synth_version(&identity, &pin),
+            identity,
             display,
             url: url.to_string(),
             redirected: Mutex::new(redirected),
@@ -794,6 +803,10 @@ impl RemoteFile {
 
     pub(crate) fn path(&self) -> &Path {
         &self.inner.display
+    }
+
+    pub(crate) fn identity(&self) -> &str {
+        &self.inner.identity
     }
 
     pub(crate) fn version(&self) -> &SourceVersion {
@@ -952,12 +965,13 @@ pub(crate) fn read_ca_bundle(path: &Path) -> std::result::Result<Vec<u8>, String
 }
 
 /// A [`SourceVersion`] standing for the pinned version: device 0 (no local
-/// file has it) and an "inode" hashed from the redacted URL and the pin, so
-/// caches keyed by versions tell objects and versions apart.
-fn synth_version(display: &Path, pin: &Pin) -> SourceVersion {
+/// file has it) and an "inode" hashed from the object's identity (not its
+/// redacted URL: two objects may share that) and the pin, so caches keyed
+/// by versions tell objects and versions apart.
+fn synth_version(identity: &str, pin: &Pin) -> SourceVersion {
     let mut h = Sha256::new();
-    h.update(display.as_os_str().as_encoded_bytes());
-    h.update([0]);
+    h.update((identity.len() as u64).to_le_bytes());
+    h.update(identity.as_bytes());
     h.update(pin.to_string().as_bytes());
     let d = h.finalize();
     let mut ino = [0u8; 8];
@@ -1131,10 +1145,10 @@ impl Inner {
     }
 
     /// The disk cache's key of block `index` of the pinned version: the
-    /// redacted URL and the pin (never credentials).
+    /// object's identity and the pin (never credentials).
     fn disk_key<'a>(&'a self, version: &'a str, index: u64) -> PartKey<'a> {
         PartKey {
-            object: self.display.to_str().unwrap_or(""),
+            object: &self.identity,
             version,
             part_size: self.geometry.block,
             index,

@@ -76,19 +76,7 @@ pub(crate) fn s3_client_and_region(
     {
         b = b.with_region(r);
     }
-    let endpoint = match &opts.endpoint {
-        Some(e) => Some((e.clone(), "--endpoint")),
-        None => env("AWS_ENDPOINT_URL_S3")
-            .map(|e| (e, "AWS_ENDPOINT_URL_S3"))
-            .or_else(|| env("AWS_ENDPOINT_URL").map(|e| (e, "AWS_ENDPOINT_URL")))
-            .or_else(|| env("AWS_ENDPOINT").map(|e| (e, "AWS_ENDPOINT")))
-            .or_else(|| {
-                profile
-                    .endpoint_url
-                    .clone()
-                    .map(|e| (e, "endpoint_url of the AWS profile"))
-            }),
-    };
+    let endpoint = endpoint_of(opts, &env, &profile);
     let mut allow_http = false;
     if let Some((e, from)) = &endpoint {
         allow_http = check_endpoint(e).map_err(|m| format!("{from} {e:?}: {m}"))?;
@@ -118,6 +106,36 @@ pub(crate) fn s3_client_and_region(
         .build()
         .map_err(|e| format!("cannot set up the S3 client: {e}"))?;
     Ok((store, region))
+}
+
+/// The endpoint requests go to and where it was set: `--endpoint`, else
+/// the environment, else the AWS profile; None for AWS itself.
+fn endpoint_of(
+    opts: &RemoteOptions,
+    env: &dyn Fn(&str) -> Option<String>,
+    profile: &Profile,
+) -> Option<(String, &'static str)> {
+    match &opts.endpoint {
+        Some(e) => Some((e.clone(), "--endpoint")),
+        None => env("AWS_ENDPOINT_URL_S3")
+            .map(|e| (e, "AWS_ENDPOINT_URL_S3"))
+            .or_else(|| env("AWS_ENDPOINT_URL").map(|e| (e, "AWS_ENDPOINT_URL")))
+            .or_else(|| env("AWS_ENDPOINT").map(|e| (e, "AWS_ENDPOINT")))
+            .or_else(|| {
+                profile
+                    .endpoint_url
+                    .clone()
+                    .map(|e| (e, "endpoint_url of the AWS profile"))
+            }),
+    }
+}
+
+/// The endpoint `s3://` objects are read from with `opts` (None: AWS): part
+/// of an object's identity (`super::identity`), since one bucket name on
+/// two stores is two buckets.
+pub(crate) fn s3_endpoint(opts: &RemoteOptions) -> Option<String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    endpoint_of(opts, &env, &Profile::load(&env)).map(|(e, _)| e)
 }
 
 /// Check an endpoint URL: `http://` or `https://`, a host, nothing the
