@@ -375,10 +375,8 @@ fn soak_eight_readers_through_cycling_faults() {
         slow < Duration::from_secs(1),
         "{what} took {slow:?}\n{report}"
     );
-    assert!(
-        proxy.stalls() > 0 && tally.eio.load(Ordering::SeqCst) > 0,
-        "{report}"
-    );
+    // Stalls happened (retried within the deadline: reads need not fail).
+    assert!(proxy.stalls() > 0, "{report}");
     assert!(
         tally.ok_bytes.load(Ordering::SeqCst) > 10_000_000,
         "{report}"
