@@ -910,7 +910,8 @@ fn stalled_reads_fail_in_the_deadline_and_the_mount_keeps_answering() {
         let mut rounds = 0;
         while Instant::now() < checks_until || rounds == 0 {
             rounds += 1;
-            let probes: [(&str, Box<dyn FnOnce() -> bool + Send>); 5] = [
+            type Probe = Box<dyn FnOnce() -> bool + Send>;
+            let probes: [(&str, Probe); 5] = [
                 ("ls", {
                     let mp = mp.clone();
                     Box::new(move || std::fs::read_dir(&mp).is_ok_and(|d| d.count() > 4))

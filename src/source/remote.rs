@@ -1553,7 +1553,7 @@ mod tests {
             shown,
             "GET bytes 0-9",
             Duration::from_millis(150),
-            || std::future::pending(),
+            std::future::pending,
         ));
         let (kind, m) = r.unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
