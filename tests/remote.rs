@@ -692,3 +692,42 @@ fn redirect_targets_are_remembered_and_renewed_when_they_expire() {
     let st = src.remote_stats().unwrap();
     assert_eq!((st.retries, st.failures), (0, 1), "{st:?}");
 }
+
+/// A redirect to a scheme that is not http(s) (file://), a redirect loop
+/// and a chain of redirects without end are final errors that say so, at
+/// open and promptly: never retried (a retried "HTTP 302" before).
+#[test]
+fn redirects_to_file_urls_loops_and_endless_chains_are_final_errors() {
+    let s = Server::start(vec![0u8; 10]);
+    let o = RemoteOptions {
+        backoff: Duration::from_millis(200),
+        ..opts(4096)
+    };
+    for (path, says) in [
+        (
+            "to-file.gguf",
+            "redirects to file:///etc/passwd, which is not http(s)",
+        ),
+        ("loop-a.gguf", "redirect loop"),
+        ("hop/0.gguf", "too many redirects"),
+    ] {
+        let before = s.requests.load(Ordering::SeqCst);
+        let t = std::time::Instant::now();
+        let e = SourceFile::open_remote(&s.url(path), o.clone()).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with(&s.url(path)) && m.contains(says),
+            "{path}: {m}"
+        );
+        assert!(!m.contains("retries"), "{path}: retried: {m}");
+        assert_eq!(e.errno(), libc::EIO, "{path}: {m}");
+        let asked = s.requests.load(Ordering::SeqCst) - before;
+        // One request, plus the redirects it followed: at most 12.
+        assert!(asked <= 12, "{path}: {asked} requests: retried? {m}");
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{path}: {:?}",
+            t.elapsed()
+        );
+    }
+}

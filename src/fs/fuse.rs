@@ -32,6 +32,11 @@ pub struct FuseAdapter {
     pub fs: Arc<TensorFs>,
     /// Reads waiting on their own threads (see `read`).
     pub held: Arc<AtomicUsize>,
+    /// Whether any source is remote: reads of tensor files and views then
+    /// run on threads of their own (see `read`).
+    remote_data: bool,
+    /// Those reads under way.
+    remote_reads: Arc<AtomicUsize>,
     /// With a decoded-file store: how each open data inode is served.
     backing: Arc<Mutex<HashMap<u64, Backing>>>,
     /// Opens decoding into the store on threads of their own.
@@ -108,11 +113,26 @@ fn plain_flags(m: &OpenMode) -> FopenFlags {
 /// reads outstanding (64 in the background plus one per reading thread).
 const MAX_HELD_READS: usize = 256;
 
+/// Reads of remote data on threads of their own, at most; further ones
+/// run in the FUSE worker (the kernel keeps at most 64 reads in the
+/// background plus one per reading thread outstanding, so this is reached
+/// only by hundreds of threads reading at once). Each is bounded by the
+/// remote deadline (`--remote-deadline`).
+const MAX_REMOTE_READS: usize = 256;
+
 impl FuseAdapter {
     pub fn new(fs: TensorFs) -> FuseAdapter {
+        let remote_data = fs
+            .shared
+            .backend
+            .source_files()
+            .iter()
+            .any(|f| f.is_remote());
         FuseAdapter {
             fs: Arc::new(fs),
             held: Arc::new(AtomicUsize::new(0)),
+            remote_data,
+            remote_reads: Arc::new(AtomicUsize::new(0)),
             backing: Arc::new(Mutex::new(HashMap::new())),
             decoding: Arc::new(AtomicUsize::new(0)),
             end: Arc::new(Mutex::new(None)),
@@ -425,6 +445,23 @@ impl Filesystem for FuseAdapter {
                 &self.held,
                 MAX_HELD_READS,
                 "rknot-held-read",
+                move || match fs.read_request(unique, ino.0, fh.0, offset, size) {
+                    Ok(d) => reply.data(d.bytes()),
+                    Err(e) => reply.error(errno(e)),
+                },
+            );
+        }
+        // A read of a remote source's data may wait on the network (up to
+        // the remote deadline): on a thread of its own, so that the FUSE
+        // workers keep answering `ls`, `stat`, `ctl` and `index.json` even
+        // while every reader waits on a server that stalled. Those never
+        // wait on the network: they are answered from memory.
+        if self.remote_data && self.fs.is_data(ino.0) {
+            let fs = self.fs.clone();
+            return run_bounded(
+                &self.remote_reads,
+                MAX_REMOTE_READS,
+                "rknot-remote-read",
                 move || match fs.read_request(unique, ino.0, fh.0, offset, size) {
                     Ok(d) => reply.data(d.bytes()),
                     Err(e) => reply.error(errno(e)),

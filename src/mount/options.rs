@@ -38,8 +38,8 @@ pub struct MountOpts {
     pub decoded_cache_gb: Option<f64>,
     pub no_passthrough: bool,
     /// Remote sources: endpoint=, ca_bundle=, source_cache=,
-    /// source_cache_gb=, remote_cache_mb=, part_size_mb=, remote_retries=
-    /// (the flags of the same names win).
+    /// source_cache_gb=, remote_cache_mb=, part_size_mb=, remote_retries=,
+    /// remote_deadline= (the flags of the same names win).
     pub remote: crate::source::cli::RemoteArgs,
 }
 
@@ -50,7 +50,7 @@ noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, jobs_remote_prefi
 max_jobs=N, nojobs; stop_timeout=SECS; \
 integrity: manifest=FILE.sums, unverified=hold|allow; decoded cache: decoded_cache=DIR, \
 decoded_cache_gb=N, nopassthrough; remote sources: endpoint=URL, ca_bundle=FILE, source_cache=DIR, \
-source_cache_gb=N, remote_cache_mb=N, part_size_mb=N, remote_retries=N";
+source_cache_gb=N, remote_cache_mb=N, part_size_mb=N, remote_retries=N, remote_deadline=SECS";
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -242,6 +242,9 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
             }
             ("remote_retries", Some(v)) => {
                 o.remote.remote_retries = Some(checked(key, v, remote_cli::check_retries)?)
+            }
+            ("remote_deadline", Some(v)) => {
+                o.remote.remote_deadline = Some(checked(key, v, remote_cli::check_deadline)?)
             }
             ("views", Some(v)) => {
                 views = Some(v.to_string());
@@ -465,6 +468,11 @@ mod tests {
         assert!(p(&["endpoint=ftp://x"]).unwrap_err().contains("http"));
         assert!(p(&["part_size_mb=0"]).unwrap_err().contains("part_size_mb"));
         assert!(p(&["remote_retries=1000"]).is_err());
+        assert_eq!(
+            p(&["remote_deadline=2.5"]).unwrap().remote.remote_deadline,
+            Some(2.5)
+        );
+        assert!(p(&["remote_deadline=0"]).is_err());
         assert!(p(&["remote_cache_mb=0"]).is_err());
         assert_eq!(
             p(&["jobs_remote_prefix=s3://b/jobs"])

@@ -42,6 +42,12 @@ pub struct RemoteArgs {
     /// read fails, 0..=100 [default: 5].
     #[arg(long, value_name = "N", value_parser = parse_retries)]
     pub remote_retries: Option<u32>,
+    /// The longest a read of remote data may wait, every retry included,
+    /// before it fails with EIO (a server that stalls or stops answering);
+    /// opening waits at most 10 s of it. Seconds, fractions allowed,
+    /// up to 3600 [default: 30].
+    #[arg(long, value_name = "SECS", value_parser = parse_deadline)]
+    pub remote_deadline: Option<f64>,
 }
 
 /// The range of `--part-size-mb`: one MiB (a ranged GET costs a round
@@ -84,6 +90,14 @@ pub fn check_retries(n: u32) -> Result<u32, String> {
     Ok(n)
 }
 
+pub fn check_deadline(secs: f64) -> Result<f64, String> {
+    let max = super::remote::MAX_DEADLINE.as_secs_f64();
+    if !(secs.is_finite() && secs >= 0.1 && secs <= max) {
+        return Err(format!("{secs} s: a deadline is 0.1..={max} seconds"));
+    }
+    Ok(secs)
+}
+
 pub fn check_gb(n: f64) -> Result<f64, String> {
     if !(n.is_finite() && n > 0.0 && n < 1e9) {
         return Err(format!("{n} GB: a size above 0 is needed"));
@@ -113,6 +127,13 @@ fn parse_part_size_mb(s: &str) -> Result<u64, String> {
     check_part_size_mb(s.parse().map_err(|_| "not a number".to_string())?)
 }
 
+fn parse_deadline(s: &str) -> Result<f64, String> {
+    check_deadline(
+        s.parse()
+            .map_err(|_| "not a number of seconds".to_string())?,
+    )
+}
+
 fn parse_retries(s: &str) -> Result<u32, String> {
     check_retries(s.parse().map_err(|_| "not a number".to_string())?)
 }
@@ -135,6 +156,7 @@ impl RemoteArgs {
             remote_cache_mb: self.remote_cache_mb.or(fallback.remote_cache_mb),
             part_size_mb: self.part_size_mb.or(fallback.part_size_mb),
             remote_retries: self.remote_retries.or(fallback.remote_retries),
+            remote_deadline: self.remote_deadline.or(fallback.remote_deadline),
         }
     }
 
@@ -166,6 +188,9 @@ impl RemoteArgs {
         }
         if let Some(n) = self.remote_retries {
             o.max_retries = check_retries(n)?;
+        }
+        if let Some(secs) = self.remote_deadline {
+            o.deadline = std::time::Duration::from_secs_f64(check_deadline(secs)?);
         }
         Ok(o)
     }
@@ -207,6 +232,15 @@ mod tests {
         assert!(bad.apply(RemoteOptions::default()).is_err());
         assert!(check_part_size_mb(0).is_err() && check_part_size_mb(1025).is_err());
         assert!(check_retries(101).is_err());
+        let d = RemoteArgs {
+            remote_deadline: Some(2.5),
+            ..RemoteArgs::default()
+        };
+        let o = d.apply(RemoteOptions::default()).unwrap();
+        assert_eq!(o.deadline, std::time::Duration::from_millis(2500));
+        assert_eq!(o.open_budget(), std::time::Duration::from_millis(2500));
+        assert!(check_deadline(0.0).is_err() && check_deadline(f64::NAN).is_err());
+        assert!(check_deadline(3601.0).is_err() && check_deadline(30.0).is_ok());
         assert!(check_endpoint("s3.example.com").is_err());
     }
 }

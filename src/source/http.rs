@@ -21,7 +21,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_RANGE, ETAG, HeaderMap, IF_MATCH, LAST_MODIFIED, RANGE};
 
 use super::FileTime;
-use super::remote::{Attempt, Pin, RANGE_IGNORED, RemoteOptions, pin_changes};
+use super::remote::{Attempt, Pin, RANGE_IGNORED, RemoteOptions, pin_changes, unless_stalled};
 use crate::error::ErrorKind;
 
 /// A client for the current runtime, with the options' timeouts and extra
@@ -31,10 +31,14 @@ pub(crate) fn client(
     opts: &RemoteOptions,
     ca_pem: Option<&[u8]>,
 ) -> Result<reqwest::Client, String> {
+    // A connection that is not up in 5 s (less under a short deadline)
+    // goes to a host that is down or unreachable: retried, within the
+    // deadline, rather than waited for.
+    let connect = Duration::from_secs(5).min(opts.stall_within(opts.open_budget()));
     let mut b = reqwest::Client::builder()
         .timeout(opts.timeout)
-        .connect_timeout(Duration::from_secs(10))
-        .redirect(reqwest::redirect::Policy::limited(10))
+        .connect_timeout(connect)
+        .redirect(redirect_policy())
         .user_agent(concat!("rknot/", env!("CARGO_PKG_VERSION")));
     if let Some(pem) = ca_pem {
         // Checked by `remote::read_ca_bundle` when it was read.
@@ -44,6 +48,78 @@ pub(crate) fn client(
     }
     b.build()
         .map_err(|e| format!("cannot set up the HTTP client: {}", e.without_url()))
+}
+
+/// The most redirects one request follows.
+const MAX_REDIRECTS: usize = 10;
+
+/// Follow redirects to http(s) URLs, at most [`MAX_REDIRECTS`]; a redirect
+/// elsewhere (`file://`), back to a URL already visited or past the limit
+/// is an error that says so (final: asking again gets the same answer).
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let next = attempt.url();
+        if !matches!(next.scheme(), "http" | "https") {
+            let shown = super::remote::redact(next.as_str());
+            return attempt.error(RedirectRefused(not_http(&shown)));
+        }
+        if attempt.previous().iter().any(|u| u == next) {
+            let shown = super::remote::redact(next.as_str());
+            return attempt.error(RedirectRefused(format!(
+                "redirect loop: it redirects back to {shown}, where it has been already"
+            )));
+        }
+        if attempt.previous().len() > MAX_REDIRECTS {
+            return attempt.error(RedirectRefused(format!(
+                "too many redirects (more than {MAX_REDIRECTS})"
+            )));
+        }
+        attempt.follow()
+    })
+}
+
+fn not_http(target: &str) -> String {
+    format!("it redirects to {target}, which is not http(s): refused")
+}
+
+/// Why a redirect was not followed (what the policy tells the caller).
+#[derive(Debug)]
+struct RedirectRefused(String);
+
+impl std::fmt::Display for RedirectRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RedirectRefused {}
+
+/// A 3xx that reached the caller: a redirect the client did not follow
+/// (no usable Location, or one that is not an http(s) URL). Final.
+fn redirect_not_followed(status: StatusCode, headers: &HeaderMap) -> Attempt {
+    let code = status.as_u16();
+    let location = headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    let m = match location {
+        Some(l) if !is_http(l) && l.contains(':') => {
+            format!("HTTP {code}: {}", not_http(&super::remote::redact(l)))
+        }
+        Some(l) => format!(
+            "HTTP {code}: a redirect that was not followed (to {})",
+            super::remote::redact(l)
+        ),
+        None => format!("HTTP {code}: a redirect without a Location header"),
+    };
+    Attempt::Final(ErrorKind::Io, m)
+}
+
+fn is_http(url: &str) -> bool {
+    ["http://", "https://"]
+        .iter()
+        .any(|p| url.len() >= p.len() && url[..p.len()].eq_ignore_ascii_case(p))
+        || url.starts_with('/')
 }
 
 /// One ranged response: the bytes asked for, the version they are of, and
@@ -67,6 +143,7 @@ pub(crate) async fn get_range(
     block: u64,
     pin: &Pin,
     if_match: Option<&str>,
+    stall: Duration,
 ) -> Result<(Vec<Bytes>, String), Attempt> {
     let mut req = client
         .get(url)
@@ -74,7 +151,10 @@ pub(crate) async fn get_range(
     if let Some(tag) = if_match {
         req = req.header(IF_MATCH, tag);
     }
-    let resp = req.send().await.map_err(transport_error)?;
+    let resp = unless_stalled(stall, "response", async {
+        req.send().await.map_err(transport_error)
+    })
+    .await?;
     let status = resp.status();
     match status {
         StatusCode::PARTIAL_CONTENT => {}
@@ -96,6 +176,7 @@ pub(crate) async fn get_range(
                 ),
             ));
         }
+        s if s.is_redirection() => return Err(redirect_not_followed(s, resp.headers())),
         s => return Err(status_error(s)),
     }
     let (start, end, total) = content_range(resp.headers())?;
@@ -118,7 +199,11 @@ pub(crate) async fn get_range(
     let mut resp = resp;
     let final_url = resp.url().to_string();
     let mut blocks = BlockSplitter::new(block, want.end - want.start);
-    while let Some(chunk) = resp.chunk().await.map_err(transport_error)? {
+    while let Some(chunk) = unless_stalled(stall, "bytes of the body", async {
+        resp.chunk().await.map_err(transport_error)
+    })
+    .await?
+    {
         blocks.push(&chunk)?;
     }
     Ok((blocks.finish()?, final_url))
@@ -199,13 +284,15 @@ pub(crate) async fn get_first(
     client: &reqwest::Client,
     url: &str,
     want_len: u64,
+    stall: Duration,
 ) -> Result<RangeResponse, Attempt> {
-    let resp = client
+    let req = client
         .get(url)
-        .header(RANGE, format!("bytes=0-{}", want_len.max(1) - 1))
-        .send()
-        .await
-        .map_err(transport_error)?;
+        .header(RANGE, format!("bytes=0-{}", want_len.max(1) - 1));
+    let mut resp = unless_stalled(stall, "response", async {
+        req.send().await.map_err(transport_error)
+    })
+    .await?;
     let status = resp.status();
     let headers = resp.headers();
     match status {
@@ -223,6 +310,7 @@ pub(crate) async fn get_first(
             });
         }
         StatusCode::OK => return Err(Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into())),
+        s if s.is_redirection() => return Err(redirect_not_followed(s, headers)),
         s => return Err(status_error(s)),
     }
     let (start, end, total) = content_range(headers)?;
@@ -239,7 +327,20 @@ pub(crate) async fn get_first(
     }
     let pin = version_of(resp.headers(), total);
     let final_url = resp.url().to_string();
-    let body = resp.bytes().await.map_err(transport_error)?;
+    let mut body = bytes::BytesMut::with_capacity(usize::try_from(end).unwrap_or(0));
+    while let Some(chunk) = unless_stalled(stall, "bytes of the body", async {
+        resp.chunk().await.map_err(transport_error)
+    })
+    .await?
+    {
+        if (body.len() + chunk.len()) as u64 > end {
+            return Err(Attempt::Final(
+                ErrorKind::Io,
+                format!("the body is longer than the {end} bytes asked for"),
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
     if body.len() as u64 != end {
         return Err(Attempt::Retry(format!(
             "truncated body: {} of {end} bytes",
@@ -247,7 +348,7 @@ pub(crate) async fn get_first(
         )));
     }
     Ok(RangeResponse {
-        body,
+        body: body.freeze(),
         pin,
         final_url,
     })
@@ -309,6 +410,17 @@ fn status_error(s: StatusCode) -> Attempt {
 /// had it; they say what happened (refused, reset, timed out).
 fn transport_error(e: reqwest::Error) -> Attempt {
     let e = e.without_url();
+    // A redirect the policy refused says why in its source (see
+    // `redirect_policy`): that is the message, and it is final.
+    if e.is_redirect() {
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            if let Some(r) = s.downcast_ref::<RedirectRefused>() {
+                return Attempt::Final(ErrorKind::Io, r.0.clone());
+            }
+            src = s.source();
+        }
+    }
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(&e);
     while let Some(s) = src {

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::Bytes;
 use lru::LruCache;
@@ -35,14 +36,23 @@ pub(crate) struct Flight {
 }
 
 impl Flight {
-    /// Wait for the fetch's result.
-    pub(crate) fn wait(&self) -> Result<Bytes, FetchError> {
+    /// Wait for the fetch's result until `deadline` at most: None when it has
+    /// not finished by then (it goes on, bounded by its own deadline, and
+    /// its result reaches the cache and later readers).
+    pub(crate) fn wait_until(&self, deadline: Instant) -> Option<Result<Bytes, FetchError>> {
         let mut r = lock(&self.result);
         while r.is_none() {
-            r = self.done.wait(r).unwrap_or_else(|p| p.into_inner());
+            let left = deadline.checked_duration_since(Instant::now())?;
+            if left.is_zero() {
+                return None;
+            }
+            r = self
+                .done
+                .wait_timeout(r, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
         r.clone()
-            .unwrap_or_else(|| Err((ErrorKind::Io, "no result".into())))
     }
 }
 
@@ -265,7 +275,10 @@ mod tests {
         let Lookup::InFlight(f) = c.lookup(1) else {
             panic!("block 1 is in flight")
         };
-        let waiter = std::thread::spawn(move || f.wait());
+        let waiter = std::thread::spawn(move || {
+            f.wait_until(Instant::now() + Duration::from_secs(60))
+                .expect("in time")
+        });
         std::thread::sleep(Duration::from_millis(50));
         let mut run = run.into_iter();
         run.next()
@@ -281,5 +294,22 @@ mod tests {
         // Errors are not cached: blocks 1 and 2 can be claimed again.
         assert_eq!(c.claim_run(1, 3, 8).len(), 2);
         assert_eq!(c.stats().waits, 1);
+    }
+
+    #[test]
+    fn a_wait_ends_at_its_deadline_and_the_fetch_still_completes() {
+        let c = Arc::new(BlockCache::new(1 << 20));
+        let run = c.claim_run(0, 1, 1);
+        let Lookup::InFlight(f) = c.lookup(0) else {
+            panic!("block 0 is in flight")
+        };
+        let t = Instant::now();
+        assert!(f.wait_until(t + Duration::from_millis(50)).is_none());
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        for cl in run {
+            cl.complete(Ok(Bytes::from_static(b"late")));
+        }
+        assert!(matches!(f.wait_until(Instant::now()), Some(Ok(b)) if &b[..] == b"late"));
+        assert!(matches!(c.lookup(0), Lookup::Hit(_)));
     }
 }

@@ -38,7 +38,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -91,6 +91,19 @@ pub struct RemoteOptions {
     pub backoff: Duration,
     /// Timeout of one request (connect to the end of the body).
     pub timeout: Duration,
+    /// The longest one fetch of remote data may take, every attempt and
+    /// backoff included (`--remote-deadline`): past it the read fails with
+    /// EIO. Bounds how long a reader (and the FUSE request it serves) waits
+    /// on a server that stalls or never answers.
+    pub deadline: Duration,
+    /// The longest opening may take (the first GET, or the HEAD), every
+    /// attempt included: at most [`RemoteOptions::deadline`]. Short, so
+    /// that a mount against a dead server fails in seconds.
+    pub open_deadline: Duration,
+    /// An attempt that receives nothing for this long (no response head,
+    /// or a body that stops) is abandoned and retried within the deadline:
+    /// at most half the deadline it runs under, so that one retry fits.
+    pub stall_timeout: Duration,
     /// Part fetches in flight at once per source (read-ahead and the parts
     /// of one large read).
     pub max_in_flight: usize,
@@ -115,6 +128,9 @@ impl Default for RemoteOptions {
             max_retries: 5,
             backoff: Duration::from_millis(100),
             timeout: Duration::from_secs(60),
+            deadline: Duration::from_secs(30),
+            open_deadline: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(10),
             max_in_flight: 8,
             readahead_max: 64 << 20,
             endpoint: None,
@@ -147,6 +163,8 @@ impl RemoteOptions {
     /// The defaults, with overrides from `RKNOT_REMOTE_PART_SIZE`,
     /// `RKNOT_REMOTE_CACHE_BYTES`, `RKNOT_REMOTE_RETRIES`,
     /// `RKNOT_REMOTE_BACKOFF_MS`, `RKNOT_REMOTE_TIMEOUT_S`,
+    /// `RKNOT_REMOTE_DEADLINE_S`, `RKNOT_REMOTE_OPEN_DEADLINE_S`,
+    /// `RKNOT_REMOTE_STALL_S` (seconds, fractions allowed),
     /// `RKNOT_SOURCE_CACHE` (a directory) and `RKNOT_SOURCE_CACHE_BYTES`.
     /// Unparsable values are ignored.
     pub fn from_env() -> RemoteOptions {
@@ -155,8 +173,18 @@ impl RemoteOptions {
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
         };
+        let secs = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .filter(|d| !d.is_zero() && *d <= MAX_DEADLINE)
+        };
         let d = RemoteOptions::default();
         RemoteOptions {
+            deadline: secs("RKNOT_REMOTE_DEADLINE_S").unwrap_or(d.deadline),
+            open_deadline: secs("RKNOT_REMOTE_OPEN_DEADLINE_S").unwrap_or(d.open_deadline),
+            stall_timeout: secs("RKNOT_REMOTE_STALL_S").unwrap_or(d.stall_timeout),
             part_size: num("RKNOT_REMOTE_PART_SIZE")
                 .filter(|&n| n >= 4096)
                 .unwrap_or(d.part_size),
@@ -176,6 +204,35 @@ impl RemoteOptions {
                 .unwrap_or(d.source_cache_bytes),
             ..d
         }
+    }
+}
+
+/// The longest deadline accepted (`--remote-deadline`, the environment).
+pub const MAX_DEADLINE: Duration = Duration::from_secs(3600);
+
+impl RemoteOptions {
+    /// The budget of opening: the open deadline, within the read deadline.
+    pub(crate) fn open_budget(&self) -> Duration {
+        self.open_deadline.min(self.deadline)
+    }
+
+    /// How long an attempt under a budget of `budget` may receive nothing
+    /// before it is abandoned: the stall timeout, at most half the budget.
+    pub(crate) fn stall_within(&self, budget: Duration) -> Duration {
+        self.stall_timeout
+            .min(budget / 2)
+            .max(Duration::from_millis(10))
+    }
+}
+
+/// `d` as people read it: "30 s", "2.5 s", "150 ms".
+pub(crate) fn show_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
     }
 }
 
@@ -614,22 +671,42 @@ fn build_client(
 }
 
 /// Run one request (`what` names it in errors) with bounded retries,
-/// backoff and jitter, counting requests, retries and failures.
+/// backoff and jitter, counting requests, retries and failures, all of it
+/// within `budget`: an attempt still under way when the budget runs out is
+/// abandoned, and no retry starts that its backoff would push past it.
 async fn retrying<T, F, Fut>(
     counters: &Counters,
     opts: &RemoteOptions,
     display: &Path,
     what: &str,
+    budget: Duration,
     op: F,
 ) -> std::result::Result<T, FetchError>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = std::result::Result<T, Attempt>>,
 {
+    let deadline = tokio::time::Instant::now() + budget;
     let mut attempt = 0u32;
+    let mut last: Option<String> = None;
     loop {
         counters.requests.fetch_add(1, Ordering::Relaxed);
-        match op().await {
+        let outcome = match tokio::time::timeout_at(deadline, op()).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                counters.failures.fetch_add(1, Ordering::Relaxed);
+                let before = last.map_or(String::new(), |m| format!("; before: {m}"));
+                return Err((
+                    ErrorKind::Io,
+                    format!(
+                        "{what}: no complete answer within the {} deadline, {} attempt(s){before}",
+                        show_duration(budget),
+                        attempt + 1
+                    ),
+                ));
+            }
+        };
+        match outcome {
             Ok(v) => return Ok(v),
             Err(Attempt::Final(kind, m)) => {
                 counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -649,6 +726,17 @@ where
                     .min(Duration::from_secs(5));
                 // Equal jitter: half fixed, half random.
                 let sleep = exp / 2 + exp.mul_f64(jitter() / 2.0);
+                if tokio::time::Instant::now() + sleep >= deadline {
+                    counters.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err((
+                        ErrorKind::Io,
+                        format!(
+                            "{what}: {m} (gave up after {attempt} retries: the {} deadline \
+                             leaves no time for another)",
+                            show_duration(budget)
+                        ),
+                    ));
+                }
                 crate::logging::throttled!(
                     log::Level::Warn,
                     &format!("retries of {}", display.display()),
@@ -660,9 +748,25 @@ where
                 );
                 counters.retries.fetch_add(1, Ordering::Relaxed);
                 attempt += 1;
+                last = Some(m);
                 tokio::time::sleep(sleep).await;
             }
         }
+    }
+}
+
+/// `fut`, abandoned (a retry) when it gives nothing for `stall`.
+pub(crate) async fn unless_stalled<T>(
+    stall: Duration,
+    waiting_for: &str,
+    fut: impl Future<Output = std::result::Result<T, Attempt>>,
+) -> std::result::Result<T, Attempt> {
+    match tokio::time::timeout(stall, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(Attempt::Retry(format!(
+            "stalled: no {waiting_for} for {}",
+            show_duration(stall)
+        ))),
     }
 }
 
@@ -674,13 +778,17 @@ async fn store_get(
     block: u64,
     pin: &Pin,
     if_match: Option<String>,
+    stall: Duration,
 ) -> std::result::Result<Vec<Bytes>, Attempt> {
     let opts = GetOptions {
         range: Some(GetRange::Bounded(want.clone())),
         if_match,
         ..GetOptions::default()
     };
-    let res = store.get_opts(location, opts).await.map_err(classify)?;
+    let res = unless_stalled(stall, "response", async {
+        store.get_opts(location, opts).await.map_err(classify)
+    })
+    .await?;
     if let Some(d) = pin_changes(pin, &pin_of(&res.meta)) {
         return Err(Attempt::Final(ErrorKind::Changed, d));
     }
@@ -696,7 +804,9 @@ async fn store_get(
     }
     let mut blocks = BlockSplitter::new(block, want.end - want.start);
     let mut body = res.into_stream();
-    while let Some(chunk) = body.next().await {
+    while let Some(chunk) =
+        unless_stalled(stall, "bytes of the body", async { Ok(body.next().await) }).await?
+    {
         blocks.push(&chunk.map_err(classify)?)?;
     }
     blocks.finish()
@@ -730,11 +840,15 @@ impl RemoteFile {
         let geometry = Geometry::of(opts.part_size);
         let counters = Counters::default();
         let mut redirected = None;
+        // Opening has a budget of its own, far shorter than a read's: a
+        // dead server fails the mount in seconds.
+        let budget = opts.open_budget();
+        let stall = opts.stall_within(budget);
         let (pin, first) = match &client {
             Client::Http(c) => {
                 let r = rt
-                    .block_on(retrying(&counters, &opts, &display, "GET", || {
-                        super::http::get_first(c, url, geometry.block)
+                    .block_on(retrying(&counters, &opts, &display, "GET", budget, || {
+                        super::http::get_first(c, url, geometry.block, stall)
                     }))
                     .map_err(|(k, m)| err(k, m).path(&display))?;
                 counters
@@ -745,8 +859,10 @@ impl RemoteFile {
             }
             Client::Store(store) => {
                 let meta = rt
-                    .block_on(retrying(&counters, &opts, &display, "HEAD", || async {
-                        store.head(&location).await.map_err(classify)
+                    .block_on(retrying(&counters, &opts, &display, "HEAD", budget, || {
+                        unless_stalled(stall, "response", async {
+                            store.head(&location).await.map_err(classify)
+                        })
                     }))
                     .map_err(|(k, m)| err(k, m).path(&display))?;
                 (pin_of(&meta), None)
@@ -895,6 +1011,8 @@ impl RemoteFile {
         let first = offset / bs;
         let last = (end - 1) / bs;
         let readahead_end = inner.readahead(offset, end).max(last + 1);
+        // One deadline for the whole read, however many blocks it spans.
+        let deadline = Instant::now() + inner.opts.deadline;
         let mut issued = first;
         let mut done = 0usize;
         for index in first..=last {
@@ -902,7 +1020,7 @@ impl RemoteFile {
                 return Err(inner.changed_error(what));
             }
             issued = inner.pump(index, issued.max(index), last + 1, readahead_end);
-            let block = inner.block(index, offset + done as u64)?;
+            let block = inner.block(index, offset + done as u64, deadline)?;
             let pos = offset + done as u64;
             let within = usize::try_from(pos - index * bs).unwrap_or(usize::MAX);
             let avail = block.len().saturating_sub(within);
@@ -1248,34 +1366,62 @@ impl Inner {
         let block = self.geometry.block;
         let what = format!("GET bytes {}-{}", want.start, want.end - 1);
         let if_match = self.if_match.as_deref();
+        let started = std::time::Instant::now();
+        let budget = self.opts.deadline;
+        let stall = self.opts.stall_within(budget);
         match client {
             Client::Http(c) => {
                 let target = lock(&self.redirected).clone();
                 let url = target.as_deref().unwrap_or(&self.url);
-                let r = retrying(&self.counters, &self.opts, &self.display, &what, || {
-                    super::http::get_range(c, url, want.clone(), block, &self.pin, if_match)
-                })
+                let r = retrying(
+                    &self.counters,
+                    &self.opts,
+                    &self.display,
+                    &what,
+                    budget,
+                    || {
+                        super::http::get_range(
+                            c,
+                            url,
+                            want.clone(),
+                            block,
+                            &self.pin,
+                            if_match,
+                            stall,
+                        )
+                    },
+                )
                 .await;
                 let r = match r {
                     // The redirect target refuses: a presigned CDN URL that
                     // expired. Ask the URL as given again (it redirects
-                    // afresh; reqwest follows), and go there from now on.
+                    // afresh; reqwest follows), and go there from now on,
+                    // within what is left of the deadline.
                     Err((ErrorKind::Io, m)) if target.is_some() && refused(&m) => {
                         log::info!(
                             "{}: the URL it redirected to refuses ({m}); asking it again",
                             self.display.display()
                         );
                         *lock(&self.redirected) = None;
-                        retrying(&self.counters, &self.opts, &self.display, &what, || {
-                            super::http::get_range(
-                                c,
-                                &self.url,
-                                want.clone(),
-                                block,
-                                &self.pin,
-                                if_match,
-                            )
-                        })
+                        let left = budget.saturating_sub(started.elapsed());
+                        retrying(
+                            &self.counters,
+                            &self.opts,
+                            &self.display,
+                            &what,
+                            left,
+                            || {
+                                super::http::get_range(
+                                    c,
+                                    &self.url,
+                                    want.clone(),
+                                    block,
+                                    &self.pin,
+                                    if_match,
+                                    stall,
+                                )
+                            },
+                        )
                         .await
                     }
                     r => r,
@@ -1288,28 +1434,50 @@ impl Inner {
                 })
             }
             Client::Store(s) => {
-                retrying(&self.counters, &self.opts, &self.display, &what, || {
-                    store_get(
-                        s.as_ref(),
-                        &self.location,
-                        want.clone(),
-                        block,
-                        &self.pin,
-                        self.if_match.clone(),
-                    )
-                })
+                retrying(
+                    &self.counters,
+                    &self.opts,
+                    &self.display,
+                    &what,
+                    budget,
+                    || {
+                        store_get(
+                            s.as_ref(),
+                            &self.location,
+                            want.clone(),
+                            block,
+                            &self.pin,
+                            self.if_match.clone(),
+                            stall,
+                        )
+                    },
+                )
                 .await
             }
         }
     }
 
-    /// Block `index`, from memory, from a fetch under way, or fetched now.
+    /// Block `index`, from memory, from a fetch under way, or fetched now,
+    /// waiting until `deadline` at most (the fetch has a deadline of its
+    /// own; this one bounds the reader's wait whoever started the fetch).
     /// `at` is the offset a reader asked for (named in errors).
-    fn block(self: &Arc<Self>, index: u64, at: u64) -> Result<Bytes> {
+    fn block(self: &Arc<Self>, index: u64, at: u64, deadline: Instant) -> Result<Bytes> {
+        let mut joined = false;
         let result = loop {
             match self.blocks.lookup(index) {
-                Lookup::Hit(b) => break Ok(b),
-                Lookup::InFlight(f) => break f.wait(),
+                Lookup::Hit(b) => break Some(Ok(b)),
+                Lookup::InFlight(f) => {
+                    let r = f.wait_until(deadline);
+                    // Someone else's fetch (read-ahead, another reader, one
+                    // that began before the server came back) failed: with
+                    // time left, this reader asks once itself.
+                    let failed = matches!(&r, Some(Err((k, _))) if *k != ErrorKind::Changed);
+                    if failed && !joined && Instant::now() < deadline {
+                        joined = true;
+                        continue;
+                    }
+                    break r;
+                }
                 Lookup::Absent => {
                     // Its fetch failed between `pump` and here (errors are
                     // not cached): fetch it again, once, for this reader.
@@ -1318,10 +1486,23 @@ impl Inner {
                         continue;
                     };
                     self.spawn_fetch(claims);
-                    break flight.wait();
+                    break flight.wait_until(deadline);
                 }
             }
         };
+        let result = result.unwrap_or_else(|| {
+            let bs = self.geometry.block;
+            let start = index * bs;
+            let end = (start + bs).min(self.pin.size);
+            Err((
+                ErrorKind::Io,
+                format!(
+                    "GET bytes {start}-{}: no answer within the {} deadline",
+                    end.saturating_sub(1),
+                    show_duration(self.opts.deadline)
+                ),
+            ))
+        });
         result.map_err(|(kind, m)| {
             if kind == ErrorKind::Changed {
                 let what = self.changed.get_or_init(|| m.clone());
@@ -1366,6 +1547,63 @@ mod tests {
                 .contains("credentials")
         );
         assert!(parse_url("https://h/").is_err());
+    }
+
+    #[test]
+    fn retries_end_at_the_deadline() {
+        let (rt, _) = runtime().unwrap();
+        let opts = RemoteOptions {
+            max_retries: 100,
+            backoff: Duration::from_millis(20),
+            ..RemoteOptions::default()
+        };
+        let c = Counters::default();
+        let shown = Path::new("http://h/m");
+        // An attempt that never completes: abandoned at the deadline.
+        let t = Instant::now();
+        let r: std::result::Result<(), _> = rt.block_on(retrying(
+            &c,
+            &opts,
+            shown,
+            "GET bytes 0-9",
+            Duration::from_millis(150),
+            std::future::pending,
+        ));
+        let (kind, m) = r.unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(kind, ErrorKind::Io);
+        assert!(
+            m.contains("GET bytes 0-9") && m.contains("150 ms deadline"),
+            "{m}"
+        );
+        // Attempts that keep failing: no retry starts past the deadline,
+        // however many are allowed.
+        let t = Instant::now();
+        let r: std::result::Result<(), _> = rt.block_on(retrying(
+            &c,
+            &opts,
+            shown,
+            "GET",
+            Duration::from_millis(300),
+            || async { Err(Attempt::Retry("HTTP 503".into())) },
+        ));
+        let (_, m) = r.unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(m.contains("HTTP 503") && m.contains("deadline"), "{m}");
+        assert!(c.retries.load(Ordering::Relaxed) < 100);
+        // A stalled attempt is abandoned as a retry.
+        let r: std::result::Result<(), Attempt> = rt.block_on(unless_stalled(
+            Duration::from_millis(20),
+            "bytes of the body",
+            std::future::pending(),
+        ));
+        assert!(
+            matches!(r, Err(Attempt::Retry(m)) if m.contains("no bytes of the body for 20 ms"))
+        );
     }
 
     #[test]

@@ -7,7 +7,12 @@
 //! connection reset mid-body or a truncated body (fewer bytes than
 //! Content-Length, then a clean close) on every Nth response with a body,
 //! a rewritten ETag (a changed object, seen by the client) and If-Match
-//! stripped from requests (an upstream that ignores it).
+//! stripped from requests (an upstream that ignores it); a body that stalls
+//! halfway (no more bytes for a while, then a reset), a request never
+//! answered (the connection held open, silent), and an object replaced
+//! mid-way (every later response carries other bytes and another ETag, as
+//! from a server that ignores If-Match). Stalls last `stall_ms`, or until
+//! their switch is turned off ([`ProxyFaults::clear`] ends them at once).
 //!
 //! Generic: the upstream is any HTTP/1.1 server (tests/common/http_server.rs,
 //! an S3-compatible one); request bodies with Content-Length are forwarded
@@ -49,6 +54,19 @@ pub struct ProxyFaults {
     /// Answer `error_status` to every request whose Range overlaps this
     /// byte range (a part of the object that cannot be fetched).
     pub error_range: Mutex<Option<Range<u64>>>,
+    /// Send half of every Nth response body, then nothing (a stalled
+    /// server) for `stall_ms`, then reset the connection.
+    pub stall_every: AtomicU64,
+    /// Read every Nth request and never answer it: the connection stays
+    /// open and silent for `stall_ms`, then closes.
+    pub hang_every: AtomicU64,
+    /// How long stalls and hangs last, ms (0: ten minutes, i.e. for the
+    /// whole test); either ends early when its switch is turned off.
+    pub stall_ms: AtomicU64,
+    /// The object was replaced: every response from now on carries the
+    /// ETag `"replaced"` and its body bytes XOR 0x5a, and If-Match is
+    /// removed from requests (the server ignores it).
+    pub replaced: AtomicBool,
 }
 
 impl ProxyFaults {
@@ -61,10 +79,14 @@ impl ProxyFaults {
             &self.error_status,
             &self.drop_every,
             &self.truncate_every,
+            &self.stall_every,
+            &self.hang_every,
+            &self.stall_ms,
         ] {
             a.store(0, Ordering::SeqCst);
         }
         self.strip_if_match.store(false, Ordering::SeqCst);
+        self.replaced.store(false, Ordering::SeqCst);
         *self.rewrite_etag.lock().unwrap() = None;
         *self.error_range.lock().unwrap() = None;
     }
@@ -78,8 +100,10 @@ pub struct ProxyCounts {
     /// Responses with a body relayed (or cut): what `drop_every` and
     /// `truncate_every` count.
     pub bodies: AtomicU64,
-    /// Faults injected (errors, resets, truncations, delays).
+    /// Faults injected (errors, resets, truncations, delays, stalls).
     pub injected: AtomicU64,
+    /// Stalls and hangs begun (counted in `injected` too).
+    pub stalls: AtomicU64,
 }
 
 pub struct FaultProxy {
@@ -139,6 +163,10 @@ impl FaultProxy {
 
     pub fn injected(&self) -> u64 {
         self.counts.injected.load(Ordering::SeqCst)
+    }
+
+    pub fn stalls(&self) -> u64 {
+        self.counts.stalls.load(Ordering::SeqCst)
     }
 
     /// Panics if the proxy met anything it could not relay.
@@ -284,6 +312,12 @@ impl Relay<'_> {
             cr.read_exact(&mut body)?;
             let client_close = req.has_token("connection", "close");
             let is_head = req.start.starts_with("HEAD ");
+            if nth(n, f.hang_every.load(Ordering::SeqCst)) {
+                self.counts.injected.fetch_add(1, Ordering::SeqCst);
+                self.counts.stalls.fetch_add(1, Ordering::SeqCst);
+                stall(f, &f.hang_every);
+                return Ok(());
+            }
 
             let delay = f.delay_ms.load(Ordering::SeqCst);
             let delay_every = f.delay_every.load(Ordering::SeqCst);
@@ -315,7 +349,8 @@ impl Relay<'_> {
                 cw.flush()?;
                 continue;
             }
-            if f.strip_if_match.load(Ordering::SeqCst) {
+            let replaced = f.replaced.load(Ordering::SeqCst);
+            if f.strip_if_match.load(Ordering::SeqCst) || replaced {
                 req.headers
                     .retain(|(k, _)| !k.eq_ignore_ascii_case("if-match"));
             }
@@ -348,7 +383,12 @@ impl Relay<'_> {
             let Some(mut resp) = resp else {
                 return Err(ProxyError::Io);
             };
-            if let Some(tag) = f.rewrite_etag.lock().unwrap().clone() {
+            let new_tag = if replaced {
+                Some("\"replaced\"".to_string())
+            } else {
+                f.rewrite_etag.lock().unwrap().clone()
+            };
+            if let Some(tag) = new_tag {
                 for (k, v) in resp.headers.iter_mut() {
                     if k.eq_ignore_ascii_case("etag") {
                         *v = tag.clone();
@@ -371,6 +411,17 @@ impl Relay<'_> {
                 relay_chunked(&mut up.reader, &mut cw)?;
             } else if let Some(len) = resp.content_length()? {
                 let k = self.counts.bodies.fetch_add(1, Ordering::SeqCst) + 1;
+                if len > 1 && nth(k, f.stall_every.load(Ordering::SeqCst)) {
+                    self.counts.injected.fetch_add(1, Ordering::SeqCst);
+                    self.counts.stalls.fetch_add(1, Ordering::SeqCst);
+                    cw.write_all(&resp.bytes())?;
+                    copy_body(&mut up.reader, &mut cw, len / 2, replaced)?;
+                    cw.flush()?;
+                    stall(f, &f.stall_every);
+                    set_linger_zero(&cw);
+                    self.upstream_conn = None;
+                    return Ok(());
+                }
                 let cut = if len > 1 && nth(k, f.drop_every.load(Ordering::SeqCst)) {
                     Some((len / 2, true))
                 } else if len > 1 && nth(k, f.truncate_every.load(Ordering::SeqCst)) {
@@ -380,10 +431,10 @@ impl Relay<'_> {
                 };
                 cw.write_all(&resp.bytes())?;
                 match cut {
-                    None => copy_exact(&mut up.reader, &mut cw, len)?,
+                    None => copy_body(&mut up.reader, &mut cw, len, replaced)?,
                     Some((send, reset)) => {
                         self.counts.injected.fetch_add(1, Ordering::SeqCst);
-                        copy_exact(&mut up.reader, &mut cw, send)?;
+                        copy_body(&mut up.reader, &mut cw, send, replaced)?;
                         cw.flush()?;
                         if reset {
                             set_linger_zero(&cw);
@@ -425,6 +476,38 @@ impl Relay<'_> {
         }
         self.upstream_conn.as_mut().ok_or(ProxyError::Io)
     }
+}
+
+/// Wait while `switch` stays on, for `stall_ms` at most (0: ten minutes).
+fn stall(f: &ProxyFaults, switch: &AtomicU64) {
+    let ms = match f.stall_ms.load(Ordering::SeqCst) {
+        0 => 600_000,
+        ms => ms,
+    };
+    let until = std::time::Instant::now() + Duration::from_millis(ms);
+    while switch.load(Ordering::SeqCst) != 0 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `n` bytes of a body from `r` to `w`; XOR 0x5a when the object was
+/// `replaced` (other bytes than the server's).
+fn copy_body(r: &mut impl Read, w: &mut impl Write, n: u64, replaced: bool) -> PResult<()> {
+    if !replaced {
+        return copy_exact(r, w, n);
+    }
+    let mut left = n;
+    let mut buf = vec![0u8; 64 << 10];
+    while left > 0 {
+        let k = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        r.read_exact(&mut buf[..k])?;
+        for b in &mut buf[..k] {
+            *b ^= 0x5a;
+        }
+        w.write_all(&buf[..k])?;
+        left -= k as u64;
+    }
+    Ok(())
 }
 
 fn copy_exact(r: &mut impl Read, w: &mut impl Write, n: u64) -> PResult<()> {

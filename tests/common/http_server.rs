@@ -2,7 +2,10 @@
 //! ranged GET, ETag, If-Match -> 412, keep-alive, with switchable faults of
 //! its own (503 every Nth request, a connection dropped mid-body, Range
 //! ignored) and an object that can be replaced while it serves. It serves
-//! `/m.gguf`; `/secret.gguf` answers 403 and anything else 404.
+//! `/m.gguf`; `/secret.gguf` answers 403, `/to-file.gguf` redirects to
+//! `file:///etc/passwd`, `/loop-a.gguf` and `/loop-b.gguf` redirect to each
+//! other, `/hop/N.gguf` to `/hop/N+1.gguf` (without end), and anything else
+//! answers 404.
 //! tests/common/fault_proxy.rs puts more faults in front of it.
 #![allow(dead_code)]
 
@@ -156,6 +159,26 @@ fn serve(
             "/p.gguf" if query.as_deref() == Some(PRESIGNED_QUERY) => {}
             "/p.gguf" => {
                 respond(&mut w, "403 Forbidden", &[], b"bad signature")?;
+                continue;
+            }
+            "/to-file.gguf" => {
+                respond(&mut w, "302 Found", &["Location: file:///etc/passwd"], b"")?;
+                continue;
+            }
+            "/loop-a.gguf" | "/loop-b.gguf" => {
+                let other = if path == "/loop-a.gguf" { "b" } else { "a" };
+                let to = format!("Location: /loop-{other}.gguf");
+                respond(&mut w, "302 Found", &[&to], b"")?;
+                continue;
+            }
+            p if p.starts_with("/hop/") => {
+                let n: u64 = p
+                    .trim_start_matches("/hop/")
+                    .trim_end_matches(".gguf")
+                    .parse()
+                    .unwrap_or(0);
+                let to = format!("Location: /hop/{}.gguf", n + 1);
+                respond(&mut w, "302 Found", &[&to], b"")?;
                 continue;
             }
             "/secret.gguf" => {
