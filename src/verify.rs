@@ -396,22 +396,22 @@ fn check_rknot(src: &SourceFile, f: &RknotFile, faults: &mut Vec<Fault>) {
     for t in &f.tensors {
         let name = names::canonical(&t.name);
         let mut bad = 0u64;
-        let mut b = 0u64;
-        let n = t.blocks.len();
-        // `get` is within range for every b < n.
-        let block = |i: u64| t.blocks.get(i).unwrap_or((0, 0));
-        'blocks: while b < n {
+        // Blocks in order, each offset found from the one before: the
+        // scan costs one length per block (a lookup by index would sum up
+        // to 63), in proportion to the bytes the tensor stores.
+        let mut blocks = t.blocks.iter().enumerate().peekable();
+        'blocks: while let Some(&(b, (start, _))) = blocks.peek() {
             // A run of adjacent blocks, read with one pread.
-            let start = block(b).0;
+            let run = blocks.clone();
             let mut end = b;
             let mut run_end = start;
-            while end < n {
-                let (o, l) = block(end);
+            while let Some(&(_, (o, l))) = blocks.peek() {
                 if o != run_end || (end > b && run_end + u64::from(l) - start > RUN_BYTES) {
                     break;
                 }
                 run_end = o + u64::from(l);
                 end += 1;
+                blocks.next();
             }
             // Block lengths were checked at open (<= ~200 KiB each).
             buf.resize((run_end - start) as usize, 0);
@@ -422,10 +422,9 @@ fn check_rknot(src: &SourceFile, f: &RknotFile, faults: &mut Vec<Fault>) {
                 });
                 break;
             }
-            for bi in b..end {
-                let (o, l) = block(bi);
+            for (bi, (o, l)) in run.take(end - b) {
                 let bytes = &buf[(o - start) as usize..][..l as usize];
-                match check_block(t, &t.grid.tile(bi), bytes) {
+                match check_block(t, &t.grid.tile(bi as u64), bytes) {
                     Ok(n) => bad += n,
                     Err(e) => {
                         let e = Error::new(e.kind(), format!("block {bi}: {}", e.message()))
@@ -440,7 +439,6 @@ fn check_rknot(src: &SourceFile, f: &RknotFile, faults: &mut Vec<Fault>) {
                     }
                 }
             }
-            b = end;
         }
         if bad > 0 {
             faults.push(Fault {

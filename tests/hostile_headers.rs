@@ -510,3 +510,151 @@ fn measure() {
     );
     show("tiny .rknot declaring 2^30 x 2^30: verify", &r);
 }
+
+/// A version-3 .rknot of one tensor (`shape`, 1-bit uniform blocks of
+/// `block` values, rows restricted to the one standing index of a
+/// 1-dimensional manifest if `restrict_rows`) whose blocks all have one
+/// length (no index bytes), over a body of that many zero bytes left as a
+/// hole: a few hundred bytes on disk for up to 80 GiB of file. Every block
+/// is valid (scale 0), so the file opens and serves zeros.
+fn sparse_rknot(path: &Path, shape: [u64; 2], block: [u64; 2], restrict_rows: bool) {
+    let compact_rows = if restrict_rows { 1 } else { shape[0] };
+    let n = compact_rows.div_ceil(block[0]) * shape[1].div_ceil(block[1]);
+    assert!(compact_rows.is_multiple_of(block[0]) && shape[1].is_multiple_of(block[1]));
+    let len = 4 + (block[0] * block[1]).div_ceil(8);
+    let body = n * len;
+    let header = serde_json::to_vec(&serde_json::json!({
+        "format": "rknot",
+        "version": 3,
+        "arch_meta": {"arch": "llama", "hidden_dim": 1, "num_layers": 1},
+        "layers": [{
+            "index": 0,
+            "manifest": {
+                "d": 1, "k": 1, "standing_indices": [0],
+                "amplitudes": [1.0], "phase_alignment": [1.0]
+            },
+            "tensors": [{
+                "name": "blk.0.attn_q.weight",
+                "shape": shape,
+                "restricted_axes": if restrict_rows { vec!["rows"] } else { vec![] },
+                "mode": "uniform",
+                "bits": 1,
+                "block_shape": block,
+                "data": [0, body],
+                "block_lengths": {"at": 0, "base": len, "step": 0, "bits": 0}
+            }]
+        }]
+    }))
+    .unwrap();
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(b"RKNOT\x03\0\0").unwrap();
+    f.seek(SeekFrom::Start(8 + body)).unwrap();
+    f.write_all(&header).unwrap();
+    f.write_all(&0u64.to_le_bytes()).unwrap();
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(b"RKNOTEND").unwrap();
+    drop(f);
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    assert!(
+        m.blocks() * 512 < 1 << 20,
+        "{}: the temporary directory's filesystem does not keep holes ({} bytes allocated \
+         for a {}-byte file); this test needs sparse files",
+        path.display(),
+        m.blocks() * 512,
+        m.len()
+    );
+}
+
+/// Issue 26, item 3: what opening costs is bounded by what a file stores.
+/// A 460-byte header over a sparse body declaring 2^30 or 2^34 blocks of
+/// one length kept `inspect` busy for 11.6 s (2^30) and minutes (2^34):
+/// every open listed every block to find the tensor's stored range. Reads
+/// of a few values of a tensor with 2^33 column tiles allocated a slot per
+/// tile (192 GiB) or two whole rows (64 GiB). Each command here must end
+/// within 10 s (the deadline only keeps the old behaviour from hanging the
+/// suite) in little memory.
+#[test]
+fn open_and_reads_of_files_declaring_2_34_blocks_end_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let side30 = dir.path().join("b30.rknot");
+    let side34 = dir.path().join("b34.rknot");
+    // 1 x 2^33, rows restricted: one row of 2^33 one-value tiles.
+    let wide = dir.path().join("wide.rknot");
+    // 2 x 2^33 in 2 x 1 column segments (the faithful profile's tiling).
+    let segments = dir.path().join("segments.rknot");
+    sparse_rknot(&side30, [1 << 15, 1 << 15], [1, 1], false);
+    sparse_rknot(&side34, [1 << 17, 1 << 17], [1, 1], false);
+    sparse_rknot(&wide, [1, 1 << 33], [1, 1], true);
+    sparse_rknot(&segments, [2, 1 << 33], [2, 1], false);
+    let t = "blk.0.attn_q.weight";
+    // Byte offsets: the middle of the wide row; the last 2 values of row 0
+    // of the segments tensor and the first 2 of row 1.
+    let mid = ((1u64 << 32) * 4).to_string();
+    let across = (((1u64 << 33) - 2) * 4).to_string();
+    let s = |p: &PathBuf| p.to_str().unwrap().to_string();
+    let commands: Vec<Vec<String>> = vec![
+        vec!["inspect".into(), s(&side30)],
+        vec!["inspect".into(), s(&side34)],
+        vec!["inspect".into(), "--json".into(), s(&side34)],
+        vec![
+            "cat".into(),
+            s(&side34),
+            t.into(),
+            "--length".into(),
+            "64".into(),
+        ],
+        vec![
+            "cat".into(),
+            s(&wide),
+            t.into(),
+            "--offset".into(),
+            mid,
+            "--length".into(),
+            "64".into(),
+        ],
+        vec![
+            "cat".into(),
+            s(&segments),
+            t.into(),
+            "--offset".into(),
+            across,
+            "--length".into(),
+            "16".into(),
+        ],
+    ];
+    let deadline = Duration::from_secs(60);
+    for args in &commands {
+        let r = run_measured(&rknot_bin(), args, deadline);
+        let what = format!("rknot {}", args.join(" "));
+        println!(
+            "{:>7.2} s {:>7.1} MiB exit {:?}: {what}",
+            r.elapsed.as_secs_f64(),
+            r.max_rss as f64 / MIB as f64,
+            r.code()
+        );
+        assert!(!r.timed_out, "{what}: still running after {deadline:?}");
+        assert!(
+            r.elapsed < Duration::from_secs(10),
+            "{what}: took {:?}",
+            r.elapsed
+        );
+        assert_eq!(r.code(), Some(0), "{what}: {}", r.stderr);
+        assert!(
+            r.max_rss < 64 * MIB,
+            "{what}: peak RSS {} MiB",
+            r.max_rss / MIB
+        );
+        if args[0] == "cat" {
+            // A zero scale serves ±0.
+            assert!(
+                !r.stdout.is_empty()
+                    && r.stdout.chunks(4).all(
+                        |c| c.len() == 4 && f32::from_le_bytes([c[0], c[1], c[2], c[3]]) == 0.0
+                    ),
+                "{what}: zero blocks serve zeros"
+            );
+        }
+    }
+}

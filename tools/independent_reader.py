@@ -521,6 +521,8 @@ def _group_sums(path, what, te, checked, buf, index, index_offset, claimed, body
                           f"{index_offset + at + nbytes})), past the end of the {len(index)}-byte "
                           f"block index")
     claimed[0] += nbytes
+    if nbytes:
+        claimed[1].append((at, at + nbytes, f"{what}'s block_crc32"))
     if claimed[0] > len(index):
         raise FormatError(f"{where}: at byte {index_offset + at}: the tensors' length codes and "
                           f"CRC-32s so far take {claimed[0]} index bytes; the index has "
@@ -950,6 +952,8 @@ def _v3_blocks(path, stored, te, index, index_offset, body_len, R, C, BR, BC, CT
                           f"{index_offset + A + nbytes})), past the end of the {len(index)}-byte "
                           f"block index")
     claimed[0] += nbytes
+    if nbytes:
+        claimed[1].append((A, A + nbytes, f"tensor {stored}'s block_lengths"))
     if claimed[0] > len(index):
         raise FormatError(f"{where}: at byte {index_offset + A}: the tensors' length codes and "
                           f"CRC-32s so far take {claimed[0]} index bytes; the index has "
@@ -958,6 +962,21 @@ def _v3_blocks(path, stored, te, index, index_offset, body_len, R, C, BR, BC, CT
     if why:
         raise FormatError(f"{where}: data [{d_off}, {d_off + d_len}) (file bytes "
                           f"[{8 + d_off}, {8 + d_off + d_len})) {why}")
+    # Section 6.5: the tiling must fit the data range, checked from the four tile sizes before
+    # anything is sized by n.
+    RT = -(-R // BR)
+    lo_sum = hi_sum = 0
+    for r, r_count in ((0, RT - 1), (RT - 1, 1)):
+        for c, c_count in ((0, CT - 1), (CT - 1, 1)):
+            if r_count * c_count:
+                tr1 = min(R, r * BR + BR) - r * BR
+                tc1 = min(C, c * BC + BC) - c * BC
+                lo1, hi1 = _length_bounds(tr1, tc1, mode, bits, line_axis)
+                lo_sum += r_count * c_count * lo1
+                hi_sum += r_count * c_count * hi1
+    if not lo_sum <= d_len <= hi_sum:
+        raise FormatError(f"{where}: its {n} blocks take {lo_sum}..={hi_sum} bytes (the lengths "
+                          f"their tiles allow), but data.length is {d_len}")
     v = _u32_codes(index, A, n, W)
     tr, tc = _tile_dims(R, C, BR, BC, CT, n)
     lo, hi = _length_bounds(tr, tc, mode, bits, line_axis)
@@ -996,7 +1015,8 @@ def open_rknot(path, buf):
     tensors.checked = ksum_at is not None
     if version == 2:
         tensors.no_sums = ".rknot version 2 has no place for checksums"
-    claimed = [0]   # index bytes taken by length codes and block CRC-32s (section 6.5)
+    # Index bytes taken by length codes and block CRC-32s, and each non-empty range (section 6.5).
+    claimed = [0, []]
     seen_idx = set()
     ranges = []
     for layer in layers:
@@ -1089,6 +1109,13 @@ def open_rknot(path, buf):
             t = Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored, lossy=True)
             t.sums = sums
             _add(tensors, t, path)
+    # Section 6.5: no two index ranges (length codes, block CRC-32s) share a byte.
+    taken = sorted(claimed[1])
+    for (a0, a1, wa), (b0, b1, wb) in zip(taken, taken[1:]):
+        if a1 > b0:
+            raise FormatError(f"{path}: index bytes [{b0}, {min(a1, b1)}) (file bytes from "
+                              f"{index_offset + b0}) are both {wa} and {wb}: no two index ranges "
+                              f"may share a byte")
     for stored, e in dense.items():
         tid, shape, n, off, length = parse_dense_entry(path, f"{stored} (dense_tensors)", e)
         why = _outside_body(off, length, body_len, ksum_at)

@@ -1,6 +1,9 @@
 //! .rknot backend: scatter decoded tiles of the compact matrix into served
 //! rows; everything off the standing indices is exactly 0.0.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use crate::backend::{
     Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
     entry_for_read, origin,
@@ -279,11 +282,21 @@ impl RknotBackend {
         let (row0, row1) = (first_elem / d_in, end.div_ceil(d_in));
         let mut band: Vec<f32> = Vec::new();
         let mut bytes = BlockBytes::new(t);
+        // Only the read's first and last rows may be partial.
+        let whole = |r: u64| r * d_in >= first_elem && (r + 1) * d_in <= end;
         let mut row = row0;
         while row < row1 {
             let rt = row / g.block_rows;
             let band_row0 = rt * g.block_rows;
-            let band_end = (band_row0 + g.block_rows).min(row1);
+            let mut band_end = (band_row0 + g.block_rows).min(row1);
+            // A partial row is decoded on its own, over its own columns:
+            // the buffer (rows x columns) then holds at most what the read
+            // serves, not whole rows of a 2^33-wide tensor.
+            if !whole(row) {
+                band_end = row + 1;
+            } else if band_end - row > 1 && !whole(band_end - 1) {
+                band_end -= 1;
+            }
             let n_rows = (band_end - row) as usize;
             // Columns the read needs in this band: all of them unless it is
             // a single row.
@@ -324,6 +337,59 @@ impl RknotBackend {
     }
 }
 
+/// The decoded tiles of one row tile a read has visited, by column tile.
+/// A slot per column tile while that is about what the read serves;
+/// otherwise only the tiles visited (a read touches at most one tile per
+/// value it serves), so a read of a few values of a tensor with 2^33
+/// column tiles holds a few tiles, not 2^33 slots.
+enum TileSlots {
+    Dense(Vec<Option<Vec<f32>>>),
+    Sparse(HashMap<u64, Vec<f32>>),
+}
+
+impl TileSlots {
+    /// Slots for a row of `col_tiles` tiles read for `served` values.
+    fn new(col_tiles: u64, served: usize) -> Self {
+        match usize::try_from(col_tiles) {
+            Ok(n) if n <= served.saturating_add(1 << 16) => TileSlots::Dense(vec![None; n]),
+            _ => TileSlots::Sparse(HashMap::new()),
+        }
+    }
+
+    /// Empty every slot, keeping the buffers in `spare`.
+    fn clear_into(&mut self, spare: &mut Vec<Vec<f32>>) {
+        match self {
+            TileSlots::Dense(v) => spare.extend(v.iter_mut().filter_map(Option::take)),
+            TileSlots::Sparse(m) => spare.extend(m.drain().map(|(_, buf)| buf)),
+        }
+    }
+
+    /// Tile `ct`, decoded by `decode` on its first visit.
+    fn get_or_insert_with(
+        &mut self,
+        ct: u64,
+        decode: impl FnOnce() -> Result<Vec<f32>>,
+    ) -> Result<&Vec<f32>> {
+        let slot = match self {
+            TileSlots::Dense(v) => usize::try_from(ct).ok().and_then(|i| v.get_mut(i)),
+            TileSlots::Sparse(m) => {
+                return Ok(match m.entry(ct) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    Entry::Vacant(e) => e.insert(decode()?),
+                });
+            }
+        };
+        let slot = slot.ok_or_else(|| {
+            crate::Error::new(ErrorKind::Range, format!("column tile {ct} out of range"))
+        })?;
+        if slot.is_none() {
+            *slot = Some(decode()?);
+        }
+        slot.as_ref()
+            .ok_or_else(|| crate::Error::new(ErrorKind::Range, "tile slot"))
+    }
+}
+
 impl Backend for RknotBackend {
     fn summary(&self) -> &SourceSummary {
         &self.summary
@@ -344,6 +410,13 @@ impl Backend for RknotBackend {
             return Some(super::StoredRanges::one(&self.src, d.offset, d.length));
         }
         let t = self.file.tensors.get(index)?;
+        // Version 3 stores a tensor's blocks back to back: one range, found
+        // without visiting a block (a tensor may declare 2^34 of them; this
+        // runs at every open, for the source's extents).
+        if let Some((start, len)) = t.blocks.extent() {
+            return Some(super::StoredRanges::one(&self.src, start, len));
+        }
+        // Version 2: the blocks the header lists, each in its own place.
         Some(super::StoredRanges::merged(
             &self.src,
             (0..t.grid.n_blocks())
@@ -401,9 +474,11 @@ impl Backend for RknotBackend {
             (row0, row1)
         };
         let mut band_r0 = 0;
-        // Decoded tiles of the current row tile, by column tile.
+        // Decoded tiles of the current row tile, by column tile: only those
+        // the read touches (at most one per value served), never one slot
+        // per column tile of the row (2^33 for a 2^33-wide tensor).
         let mut cached_rt = u64::MAX;
-        let mut tiles: Vec<Option<Vec<f32>>> = Vec::new();
+        let mut tiles = TileSlots::new(g.col_tiles(), out.len());
         // Buffers of tiles already used, reused for the next row tile's
         // decodes (a tile is up to 256 KiB: a fresh one is an mmap).
         let mut spare: Vec<Vec<f32>> = Vec::new();
@@ -433,25 +508,19 @@ impl Backend for RknotBackend {
             if rt != cached_rt {
                 cached_rt = rt;
                 band_r0 = p_lo.max(rt * g.block_rows);
-                spare.extend(tiles.drain(..).flatten());
-                tiles.resize(g.col_tiles() as usize, None);
+                tiles.clear_into(&mut spare);
             }
             let out_row = (row_start + j0 - first_elem) as usize;
             for ct in q0 / g.block_cols..=(q1 - 1) / g.block_cols {
                 let b = g.block_index(rt, ct);
-                let slot = &mut tiles[ct as usize];
-                if slot.is_none() {
+                let tile = g.tile(b);
+                let tile_vals = tiles.get_or_insert_with(ct, || {
                     let mut buf = spare.pop().unwrap_or_default();
-                    let tile = g.tile(b);
                     let r1 = p_hi.min(tile.row0 + tile.rows);
                     let rows = band_r0 - tile.row0..r1 - tile.row0;
                     self.decode(&mut bytes, b, rows, &mut buf)?;
-                    *slot = Some(buf);
-                }
-                let Some(tile_vals) = slot.as_ref() else {
-                    continue;
-                };
-                let tile = g.tile(b);
+                    Ok(buf)
+                })?;
                 let tr = (p - band_r0) as usize;
                 let lo = q0.max(tile.col0);
                 let hi = q1.min(tile.col0 + tile.cols);

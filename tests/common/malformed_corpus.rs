@@ -1967,6 +1967,111 @@ fn rknot3_cases(c: &mut Corpus) {
         "overlap",
         "two tensors' data ranges overlap",
     );
+    rknot3_open_bound_cases(c);
+}
+
+/// A version-3 file (no checksums) of one layer holding one tensor, from
+/// its JSON entry, a body and an index.
+fn rknot3_one_tensor(tensor: Value, body: &[u8], index: &[u8]) -> Vec<u8> {
+    let h = json!({
+        "format": "rknot",
+        "version": 3,
+        "arch_meta": {"arch": "llama", "hidden_dim": 1, "num_layers": 1},
+        "layers": [{
+            "index": 0,
+            "manifest": {
+                "d": 1, "k": 1, "standing_indices": [0],
+                "amplitudes": [1.0], "phase_alignment": [1.0]
+            },
+            "tensors": [tensor]
+        }]
+    });
+    rknot3_join(&h, body, index)
+}
+
+/// Issue 26, item 3: headers whose numbers would size work or memory at
+/// open beyond what the file stores, and index ranges two tensors share.
+fn rknot3_open_bound_cases(c: &mut Corpus) {
+    // One tensor of `side x side` 1x1 tiles, uniform at 1 bit (every block
+    // is 5 bytes), over a 64-byte body.
+    let declaring = |side: u64, bits: u64, data_len: u64| {
+        rknot3_one_tensor(
+            json!({
+                "name": "blk.0.attn_q.weight",
+                "shape": [side, side],
+                "restricted_axes": [],
+                "mode": "uniform",
+                "bits": 1,
+                "block_shape": [1, 1],
+                "data": [0, data_len],
+                "block_lengths": {
+                    "at": 0, "base": 5, "step": if bits == 0 { 0 } else { 1 }, "bits": bits
+                }
+            }),
+            &[0u8; 64],
+            &[0u8; 16],
+        )
+    };
+    c.case(
+        "rknot3_bits0_2_30_blocks.rknot",
+        declaring(1 << 15, 0, 60),
+        "LengthMismatch",
+        "1073741824 blocks of its tiling take at least 5368709120 bytes",
+        "2^30 equal-length blocks (no index bytes) declared over a 64-byte body: the blocks \
+         a header declares must fit the data range (at least 5 bytes each)",
+    );
+    c.case(
+        "rknot3_bits0_2_34_blocks.rknot",
+        declaring(1 << 17, 0, 60),
+        "LengthMismatch",
+        "17179869184 blocks of its tiling take at least 85899345920 bytes",
+        "2^34 equal-length blocks declared over a 64-byte body",
+    );
+    c.case(
+        "rknot3_bits1_2_30_blocks.rknot",
+        declaring(1 << 15, 1, 60),
+        "LengthMismatch",
+        "1073741824 blocks of its tiling take at least 5368709120 bytes",
+        "2^30 blocks with 1-bit length codes over a 64-byte body and a 16-byte index: \
+         refused before the codes are read",
+    );
+    fn t1(h: &mut Value) -> &mut Value {
+        &mut h["layers"][0]["tensors"][1]
+    }
+    fn l1(h: &mut Value) -> &mut Value {
+        &mut h["layers"][1]["tensors"][0]
+    }
+    let mut case = rknot3_edit(|h, _, index| {
+        // As rknot3_codes_shared, with a spare byte at the end of the
+        // index, so the ranges add up to no more than the index.
+        let at = l1(h)["block_lengths"]["at"].as_u64().unwrap();
+        let len = t1(h)["data"][1].as_u64().unwrap() / 2;
+        t1(h)["block_lengths"] = json!({"at": at, "base": len - 8, "step": 4, "bits": 2});
+        index[at as usize] |= 0b1000;
+        index.push(0);
+    });
+    c.case(
+        "rknot3_codes_shared_spare.rknot",
+        std::mem::take(&mut case),
+        "BadValue",
+        "no two index ranges may share a byte",
+        "two tensors' length codes on the same index byte while the index has a byte no \
+         tensor uses (the sum rule alone lets that through)",
+    );
+    c.last().contains_also = vec!["blk.0.ffn_up.weight".into(), "blk.1.attn_q.weight".into()];
+    c.case(
+        "rknot3_crc_shares_codes.rknot",
+        rknot3_edit(|h, _, _| {
+            // Tensor 1's CRC-32s moved onto layer 1's length codes (and
+            // the CRC-32s of layer 1 that follow): its own range is left
+            // unused, so the sum still fits.
+            let at = l1(h)["block_lengths"]["at"].as_u64().unwrap();
+            t1(h)["block_crc32"]["at"] = json!(at);
+        }),
+        "BadValue",
+        "no two index ranges may share a byte",
+        "a tensor's block CRC-32s on another tensor's length codes",
+    );
 }
 
 /// Version 3's `dense_tensors` (tensors stored as ggml blocks).

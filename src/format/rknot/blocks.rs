@@ -60,6 +60,30 @@ impl BlockTable {
         }
     }
 
+    /// Every block's absolute offset and length in block order, each found
+    /// from the one before (a lookup by [`Self::get`] may sum up to 63
+    /// lengths: a scan of all blocks by it costs 32 times this).
+    pub fn iter(&self) -> Blocks<'_> {
+        Blocks {
+            table: self,
+            next: 0,
+            offset: match self {
+                BlockTable::Listed(_) => 0,
+                BlockTable::Packed(p) => p.start,
+            },
+        }
+    }
+
+    /// Version 3: absolute offset and byte length of all the blocks, which
+    /// lie back to back (without visiting any block); None for version 2,
+    /// whose blocks may lie anywhere.
+    pub fn extent(&self) -> Option<(u64, u64)> {
+        match self {
+            BlockTable::Listed(_) => None,
+            BlockTable::Packed(p) => Some((p.start, p.total)),
+        }
+    }
+
     /// Offset of the first block, if there is one.
     pub fn first_offset(&self) -> Option<u64> {
         self.get(0).map(|(o, _)| o)
@@ -75,6 +99,36 @@ impl BlockTable {
         let (start, _) = self.get(b0)?;
         let (last, len) = self.get(b1.checked_sub(1)?)?;
         Some((start, last.checked_add(u64::from(len))?.checked_sub(start)?))
+    }
+}
+
+/// Iterator of [`BlockTable::iter`].
+#[derive(Clone)]
+pub struct Blocks<'a> {
+    table: &'a BlockTable,
+    next: u64,
+    /// Version 3: where block `next` starts.
+    offset: u64,
+}
+
+impl Iterator for Blocks<'_> {
+    type Item = (u64, u32);
+    fn next(&mut self) -> Option<(u64, u32)> {
+        let b = self.next;
+        let found = match self.table {
+            BlockTable::Listed(v) => v.get(usize::try_from(b).ok()?).copied()?,
+            BlockTable::Packed(p) => {
+                if b >= p.n {
+                    return None;
+                }
+                let len = u32::try_from(p.length(b).ok()?).ok()?;
+                let at = self.offset;
+                self.offset = at.checked_add(u64::from(len))?;
+                (at, len)
+            }
+        };
+        self.next += 1;
+        Some(found)
     }
 }
 
@@ -176,7 +230,7 @@ impl PackedLengths {
         n: u64,
         packed: Vec<u8>,
         (start, total): (u64, u64),
-        bounds: impl Fn(u64) -> (u64, u64),
+        mut bounds: impl FnMut(u64) -> (u64, u64),
         one_of_each: &[u64],
     ) -> Result<PackedLengths> {
         if code.bits > MAX_LENGTH_BITS {
@@ -243,7 +297,8 @@ impl PackedLengths {
             return Ok(table);
         }
         // n <= packed bytes * 8 / bits: the loop and the anchors are
-        // bounded by what the file stores.
+        // bounded by what the file stores (and n by the data range, which
+        // the caller checked against the tiling's smallest lengths).
         let mut anchors = Vec::with_capacity(n.div_ceil(ANCHOR_EVERY) as usize);
         let mut sum = 0u64;
         for b in 0..n {
@@ -271,8 +326,18 @@ impl PackedLengths {
 
     /// The `bits`-bit value of block `b`.
     fn value(&self, b: u64) -> u64 {
+        if self.bits == 0 {
+            return 0;
+        }
         let bit = b * self.bits;
         let byte = (bit / 8) as usize;
+        // One load where 8 bytes remain (a value is at most 32 bits from
+        // a bit offset below 8: it fits); the index's last bytes one by one.
+        if let Some(w) = self.packed.get(byte..byte + 8) {
+            let mut eight = [0u8; 8];
+            eight.copy_from_slice(w);
+            return (u64::from_le_bytes(eight) >> (bit % 8)) & ((1u64 << self.bits) - 1);
+        }
         let mut word = 0u64;
         for k in 0..5 {
             if let Some(&x) = self.packed.get(byte + k) {

@@ -654,7 +654,11 @@ fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed>
     )?;
     let mut layers = Vec::with_capacity(raw_layers.len());
     let mut tensors: Vec<RknotTensorInfo> = Vec::new();
-    let mut codes = IndexReader { src, claimed: 0 };
+    let mut codes = IndexReader {
+        src,
+        claimed: 0,
+        ranges: Vec::new(),
+    };
     let mut seen_layers = HashSet::new();
     for (li, rl) in raw_layers.into_iter().enumerate() {
         let lctx = format!("layers[{li}]");
@@ -693,6 +697,7 @@ fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Result<Parsed>
         }
         layers.push(RknotLayer { index, manifest });
     }
+    codes.check_disjoint(layout)?;
     // Version 3: tensors stored as ggml blocks, verbatim (section 6.6).
     let mut dense = Vec::new();
     if let Some(raw_dense) = root.dense_tensors
@@ -1289,6 +1294,7 @@ fn group_sums(
         .at(index_at));
     }
     index.claimed = add(index.claimed, len, "block index total")?;
+    index.take(at, len, &info.name, "block_crc32");
     if index.claimed > layout.index_len {
         return Err(err(
             ErrorKind::OutOfBounds,
@@ -1300,25 +1306,39 @@ fn group_sums(
         )
         .at(index_at));
     }
-    let mut g0 = 0u64;
-    while g0 < n {
+    let too_large = |g0: u64, bytes: u64| {
         let g1 = n.min(g0.saturating_add(group));
-        let bytes = info.blocks.span(g0, g1).map(|(_, l)| l).unwrap_or(u64::MAX);
-        if bytes > checksum::MAX_GROUP_BYTES {
-            return Err(err(
-                ErrorKind::TooLarge,
-                format!(
-                    "block group of blocks [{g0}, {g1}) is {bytes} bytes, above the {}-byte cap",
-                    checksum::MAX_GROUP_BYTES
-                ),
-            )
-            .at(index_at));
-        }
+        err(
+            ErrorKind::TooLarge,
+            format!(
+                "block group of blocks [{g0}, {g1}) takes {bytes} bytes or more, above the {}-byte \
+                 cap",
+                checksum::MAX_GROUP_BYTES
+            ),
+        )
+        .at(index_at)
+    };
+    if matches!(&info.blocks, BlockTable::Packed(p) if p.uniform()) {
         // Equal-length blocks make equal groups: the first tells.
-        if matches!(&info.blocks, BlockTable::Packed(p) if p.uniform()) {
-            break;
+        let g1 = n.min(group);
+        let bytes = info.blocks.span(0, g1).map(|(_, l)| l).unwrap_or(u64::MAX);
+        if bytes > checksum::MAX_GROUP_BYTES {
+            return Err(too_large(0, bytes));
         }
-        g0 = g1;
+    } else {
+        // One pass over the lengths (one per block; the blocks' number is
+        // bounded by the index bytes their codes take), not a lookup per
+        // group, which may sum 63 lengths for a group of one block.
+        let (mut g0, mut bytes) = (0u64, 0u64);
+        for (b, (_, len)) in (0u64..).zip(info.blocks.iter()) {
+            if b - g0 == group {
+                (g0, bytes) = (b, 0);
+            }
+            bytes += u64::from(len);
+            if bytes > checksum::MAX_GROUP_BYTES {
+                return Err(too_large(g0, bytes));
+            }
+        }
     }
     let bytes = index.src.read_vec(index_at, len, "block_crc32")?;
     Ok(GroupSums::from_index(group, &bytes))
@@ -1329,6 +1349,42 @@ fn group_sums(
 struct IndexReader<'a> {
     src: &'a SourceFile,
     claimed: u64,
+    /// Every non-empty range taken: `[at, end)` in the index, the tensor
+    /// and which of its fields.
+    ranges: Vec<(u64, u64, String, &'static str)>,
+}
+
+impl IndexReader<'_> {
+    /// Take index bytes `[at, at + len)` for `tensor`'s `field`.
+    fn take(&mut self, at: u64, len: u64, tensor: &str, field: &'static str) {
+        if len > 0 {
+            self.ranges.push((at, at + len, tensor.to_string(), field));
+        }
+    }
+
+    /// No two ranges share a byte: every tensor's length codes and CRC-32s
+    /// are its own, so what the reader holds for the index is at most the
+    /// index (the sum rule alone would let ranges overlap where the index
+    /// has bytes no tensor uses).
+    fn check_disjoint(&mut self, layout: &Layout) -> Result<()> {
+        self.ranges.sort_unstable_by_key(|r| (r.0, r.1));
+        for w in self.ranges.windows(2) {
+            let ((a0, a1, ta, fa), (b0, b1, tb, fb)) = (&w[0], &w[1]);
+            if a1 > b0 {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!(
+                        "index bytes [{b0}, {}) are both tensor {ta:?}'s {fa} [{a0}, {a1}) and \
+                         tensor {tb:?}'s {fb} [{b0}, {b1}): no two index ranges may share a byte",
+                        a1.min(b1)
+                    ),
+                )
+                .tensor(tb)
+                .at(layout.index_offset.saturating_add(*b0)));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A version-3 tensor's block table: its data range checked against the
@@ -1371,6 +1427,7 @@ fn packed_blocks(
             ),
         ));
     }
+    check_length_budget(info, n, length).map_err(|e| e.at(start))?;
     let packed_len = code.packed_len(n)?;
     let packed_end = add(code.at, packed_len, "block index end")?;
     if packed_end > layout.index_len {
@@ -1388,6 +1445,7 @@ fn packed_blocks(
     // more than the index (overlapping ones) would let a small file claim
     // many times its size in memory.
     index.claimed = add(index.claimed, packed_len, "block index total")?;
+    index.take(code.at, packed_len, &info.name, "block_lengths");
     if index.claimed > layout.index_len {
         return Err(err(
             ErrorKind::OutOfBounds,
@@ -1405,16 +1463,72 @@ fn packed_blocks(
     let (rt, ct) = (grid.row_tiles(), grid.col_tiles());
     // A block of each tile size: interior, right edge, bottom edge, corner.
     let one_of_each = [0, ct - 1, (rt - 1) * ct, n - 1];
-    let table = PackedLengths::build(
-        code,
-        n,
-        packed,
-        (start, length),
-        |b| info.block_len_bounds(&grid.tile(b)),
-        &one_of_each,
-    )
-    .map_err(|e| e.at(index_at))?;
+    // Bounds depend only on the tile's size: one of four, picked without
+    // a division while blocks come in order (the check of every length
+    // asks for block after block).
+    let kinds = [0, ct - 1, (rt - 1) * ct, n - 1].map(|b| info.block_len_bounds(&grid.tile(b)));
+    let mut at = (0u64, 0u64, 0u64);
+    let bounds = |b: u64| {
+        let (next, r, c) = &mut at;
+        if b == *next {
+            *next += 1;
+        } else {
+            (*r, *c) = (b / ct, b % ct);
+            *next = b + 1;
+        }
+        let kind = usize::from(*c == ct - 1) + 2 * usize::from(*r == rt - 1);
+        *c += 1;
+        if *c == ct {
+            (*r, *c) = (*r + 1, 0);
+        }
+        kinds[kind]
+    };
+    let table = PackedLengths::build(code, n, packed, (start, length), bounds, &one_of_each)
+        .map_err(|e| e.at(index_at))?;
     Ok(BlockTable::Packed(table))
+}
+
+/// The tiling's blocks must fit the tensor's data range: the smallest
+/// length every tile allows, summed over the blocks, at most `length` (and
+/// the largest at least `length`). `length` lies inside the body, so the
+/// blocks a header may declare are bounded by what the file stores: a
+/// 465-byte header cannot declare 2^34 blocks over an 8 KB body. Computed
+/// from the four tile sizes (interior, right edge, bottom edge, corner)
+/// and their counts, before any index byte is read or any block visited.
+fn check_length_budget(info: &RknotTensorInfo, n: u64, length: u64) -> Result<()> {
+    let grid = &info.grid;
+    let (rt, ct) = (grid.row_tiles(), grid.col_tiles());
+    let (mut lo_sum, mut hi_sum) = (0u128, 0u128);
+    // A representative tile of each size, and how many tiles have it.
+    let rows = [(0, rt - 1), (rt - 1, 1)];
+    let cols = [(0, ct - 1), (ct - 1, 1)];
+    for &(r, r_count) in &rows {
+        for &(c, c_count) in &cols {
+            let count = u128::from(r_count) * u128::from(c_count);
+            if count == 0 {
+                continue;
+            }
+            let (lo, hi) = info.block_len_bounds(&grid.tile(grid.block_index(r, c)));
+            lo_sum += count * u128::from(lo);
+            hi_sum += count * u128::from(hi);
+        }
+    }
+    let length = u128::from(length);
+    if length < lo_sum || length > hi_sum {
+        let (which, bound) = if length < lo_sum {
+            ("at least", lo_sum)
+        } else {
+            ("at most", hi_sum)
+        };
+        return Err(err(
+            ErrorKind::LengthMismatch,
+            format!(
+                "{n} blocks of its tiling take {which} {bound} bytes (the lengths its tiles \
+                 allow), data length is {length}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A tensor's `block_lengths`: `{"at", "base", "step", "bits"}`, all
