@@ -6,7 +6,9 @@
 //! transformers itself: the model loaded from `MOUNT/hf` against
 //! transformers' own GGUF loader (every tensor bit for bit), its logits
 //! against `rknot probe`'s, and the tokenizer against transformers' GGUF
-//! tokenizer and llama.cpp's ids.
+//! tokenizer and llama.cpp's ids; the `tokenizers` library loads every
+//! tokenizer.json rendered for crafted tokenizers (duplicates, empty and
+//! respelled tokens), and the ones it would refuse are not rendered.
 
 mod common;
 
@@ -644,4 +646,173 @@ fn transformers_loads_the_hf_view() {
         &[mq.path("hf").as_os_str(), qwen.as_os_str()],
     );
     assert!(out.contains("TENSORS"), "{out}");
+}
+
+/// tests/data/probe/tiny-qwen2.gguf with its metadata edited, written to
+/// `dir` (F32 tensors).
+fn tiny_qwen2_with(
+    dir: &Path,
+    name: &str,
+    edit: impl FnOnce(&mut rknot::format::meta::Metadata),
+) -> PathBuf {
+    let src = probe_data("tiny-qwen2.gguf");
+    let b = backend::open(&src, None).unwrap();
+    let mut md = b.summary().metadata.clone();
+    edit(&mut md);
+    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
+        .tensors()
+        .entries()
+        .iter()
+        .map(|t| {
+            (
+                t.name.dot.clone(),
+                t.shape.iter().rev().copied().collect(),
+                decode_bytes(b.as_ref(), &t.name.dot),
+            )
+        })
+        .collect();
+    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
+        .iter()
+        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
+        .collect();
+    let path = dir.join(name);
+    let mut out = Vec::new();
+    gguf::write_gguf(&mut out, &md, &tensors, 32).unwrap();
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+/// Replace `key`'s value, or add it.
+fn set_meta(md: &mut rknot::format::meta::Metadata, key: &str, v: MetaValue) {
+    md.entries.retain(|(k, _)| k != key);
+    md.push(key, v);
+}
+
+/// Append to the array under `key`.
+fn extend_meta(md: &mut rknot::format::meta::Metadata, key: &str, more: Vec<MetaValue>) {
+    let Some((_, MetaValue::Array { values, .. })) = md.entries.iter_mut().find(|(k, _)| k == key)
+    else {
+        panic!("no array {key}");
+    };
+    values.extend(more);
+}
+
+/// The `tokenizers` library against MOUNT/hf/tokenizer.json, and
+/// transformers' GGUF tokenizer of the same file: the same vocabulary (ids
+/// included, added tokens too), every id it lists maps back to its token,
+/// and the same ids for some texts through `AutoTokenizer`.
+const TOKENIZERS_CHECK: &str = r#"
+import os, sys
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+hf_dir, gguf_path = sys.argv[1:3]
+gdir, gname = os.path.split(gguf_path)
+t = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
+g = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
+a, b = t.get_vocab(with_added_tokens=True), g.get_vocab()
+assert a == b, sorted(set(a.items()) ^ set(b.items()))[:20]
+for token, i in a.items():
+    assert t.id_to_token(i) == token, (i, token, t.id_to_token(i))
+tok = AutoTokenizer.from_pretrained(hf_dir)
+for text in ["the he<|endoftext|>", " the  he a b", "a b<think>x he", ""]:
+    x, y = tok(text).input_ids, g(text).input_ids
+    assert x == y, (text, x, y)
+    assert tok.decode(x) == g.decode(y), text
+print("VOCAB", len(a))
+"#;
+
+/// Every tokenizer.json hf/ renders loads in the `tokenizers` library with
+/// the ids transformers' GGUF loader gives (issue 26, item 5): duplicate
+/// spellings (a control token and the bos token among them), an empty
+/// token, a token outside the byte alphabet, a user-defined token. What
+/// the library would refuse (a merge whose halves or concatenation are not
+/// tokens) or transformers cannot express (a bos id past the tokens) gets
+/// no tokenizer files and a note in index.json. Before, the duplicate's
+/// tokenizer put the GGUF's bos id (a spelling's earlier id, which the
+/// vocabulary does not list) in front of every text, and the bad merge's
+/// tokenizer.json made the library panic.
+#[test]
+#[cfg_attr(
+    rknot_no_hf,
+    ignore = "opt-in: set RKNOT_HF_PYTHON to a python3 with torch and transformers: tools/hf-env.sh (README: Tests)"
+)]
+#[cfg_attr(
+    all(rknot_no_fuse, not(rknot_no_hf)),
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn tokenizers_load_every_rendered_tokenizer() {
+    let Some(py) = std::env::var_os("RKNOT_HF_PYTHON").filter(|p| !p.is_empty()) else {
+        eprintln!("NOTE: skipping: set RKNOT_HF_PYTHON to a python3 with torch and transformers");
+        return;
+    };
+    if !fuse_available() {
+        return;
+    }
+    let s = |x: &str| MetaValue::String(x.into());
+    let dir = tempfile::tempdir().unwrap();
+    // tiny-qwen2's tokens: the 256 byte characters, "Ġt", "he", "Ġthe",
+    // "<|endoftext|>" (259, control, its bos and eos).
+    let dups = tiny_qwen2_with(dir.path(), "dups.gguf", |md| {
+        extend_meta(
+            md,
+            "tokenizer.ggml.tokens",
+            ["<|endoftext|>", "", "he", "a b", "<think>"]
+                .map(s)
+                .to_vec(),
+        );
+        extend_meta(
+            md,
+            "tokenizer.ggml.token_type",
+            [3, 3, 1, 1, 4].map(MetaValue::I32).to_vec(),
+        );
+        set_meta(md, "tokenizer.ggml.add_bos_token", MetaValue::Bool(true));
+    });
+    let m = Mounted::new(&dups, &[]);
+    let out = run_py(
+        &py,
+        TOKENIZERS_CHECK,
+        &[m.path("hf").as_os_str(), dups.as_os_str()],
+    );
+    // 265 tokens, two of them earlier ids of a spelling.
+    assert!(out.contains("VOCAB 263"), "{out}");
+    let index = json_file(&m.path("index.json"));
+    let notes = index["views"]["hf"]["notes"].to_string();
+    assert!(
+        notes.contains("2 of the 265 tokens share their spelling"),
+        "{notes}"
+    );
+    drop(m);
+
+    for (name, edit, why) in [
+        (
+            "merge.gguf",
+            Box::new(move |md: &mut rknot::format::meta::Metadata| {
+                extend_meta(md, "tokenizer.ggml.merges", vec![s("Ġthe Ġt")])
+            }) as Box<dyn FnOnce(&mut rknot::format::meta::Metadata)>,
+            "tokenizer.ggml.merges[3] \\\"Ġthe Ġt\\\" needs \\\"ĠtheĠt\\\"",
+        ),
+        (
+            "bos.gguf",
+            Box::new(move |md: &mut rknot::format::meta::Metadata| {
+                set_meta(md, "tokenizer.ggml.bos_token_id", MetaValue::U32(999))
+            }),
+            "bos_token_id 999 is not a token",
+        ),
+    ] {
+        let path = tiny_qwen2_with(dir.path(), name, edit);
+        let m = Mounted::new(&path, &[]);
+        let hf = listing(&m.path("hf"));
+        let index = json_file(&m.path("index.json"));
+        let notes = index["views"]["hf"]["notes"].to_string();
+        assert!(
+            !hf.contains(&"tokenizer.json".to_string())
+                && !hf.contains(&"tokenizer_config.json".to_string()),
+            "{name}: {hf:?}"
+        );
+        assert!(notes.contains(why), "{name}: {notes}");
+        assert!(
+            m.log().contains("hf/tokenizer.json is not offered"),
+            "{name}"
+        );
+    }
 }

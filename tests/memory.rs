@@ -4,7 +4,9 @@
 //! - read-ahead never decodes much more than a sequential reader is served,
 //!   whatever the cache size (issue 9, item 18);
 //! - with large chunks and many threads, peak RSS stays within the formula
-//!   docs/OPERATIONS.md gives for `--cache-mb` (issue 9, item 23).
+//!   docs/OPERATIONS.md gives for `--cache-mb` (issue 9, item 23);
+//! - hf/'s tokenizer files cost a mount next to nothing, however large the
+//!   tokenizer (issue 26, item 4).
 
 mod common;
 
@@ -282,4 +284,276 @@ fn peak_rss_stays_within_the_formula_with_large_chunks() {
         peak_kib <= bound_kib,
         "peak RSS {peak_kib} KiB > fixed {fixed_kib} KiB + {bound_mib} MiB"
     );
+}
+
+/// The daemon's resident memory now, in KiB (VmRSS of /proc/PID/status).
+fn rss_kib(m: &Mounted) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", m.pid())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{}/status", m.pid()))
+}
+
+/// tests/data/probe/tiny-qwen2.gguf (which gets `hf/`) with its tokenizer
+/// replaced: `tokens` (all of type normal, no bos/eos), `merges`, and a
+/// chat template; its `tokenizer.ggml.model` is byte-level BPE when `bpe`,
+/// else "llama" (hf/ renders no tokenizer then). Returns the file and the
+/// length of its header (everything before the tensor data).
+fn qwen2_with_tokenizer(
+    dir: &Path,
+    bpe: bool,
+    tokens: Vec<String>,
+    merges: Vec<String>,
+    template: Option<String>,
+) -> (PathBuf, u64) {
+    use rknot::format::meta::MetaType;
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/probe/tiny-qwen2.gguf");
+    let b = rknot::backend::open(&src, None).unwrap();
+    let mut md = b.summary().metadata.clone();
+    md.entries.retain(|(k, _)| {
+        !matches!(
+            k.as_str(),
+            "tokenizer.ggml.tokens"
+                | "tokenizer.ggml.token_type"
+                | "tokenizer.ggml.merges"
+                | "tokenizer.chat_template"
+                | "tokenizer.ggml.bos_token_id"
+                | "tokenizer.ggml.eos_token_id"
+                | "tokenizer.ggml.model"
+        )
+    });
+    let model = if bpe { "gpt2" } else { "llama" };
+    md.push("tokenizer.ggml.model", MetaValue::String(model.into()));
+    let strings = |v: Vec<String>| MetaValue::Array {
+        elem: MetaType::String,
+        values: v.into_iter().map(MetaValue::String).collect(),
+    };
+    // The merges first: the parser refuses an array before reading it when
+    // 32 bytes per element would not fit the budget for the header read so
+    // far, and 2 M short merges after 1 M tokens would not.
+    md.push("tokenizer.ggml.merges", strings(merges));
+    md.push("tokenizer.ggml.tokens", strings(tokens));
+    if let Some(t) = template {
+        md.push("tokenizer.chat_template", MetaValue::String(t));
+    }
+    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
+        .tensors()
+        .entries()
+        .iter()
+        .map(|t| {
+            let mut v = vec![0f32; t.n_elements as usize];
+            b.read_f32(b.find(&t.name.dot).unwrap(), 0, &mut v).unwrap();
+            (
+                t.name.dot.clone(),
+                t.shape.iter().rev().copied().collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
+        .iter()
+        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
+        .collect();
+    let shapes: Vec<(String, Vec<u64>, GgmlType)> = tensors
+        .iter()
+        .map(|(n, ne, t, _)| (n.clone(), ne.clone(), *t))
+        .collect();
+    let header = rknot::format::gguf::encode_header(&md, &shapes, 32)
+        .unwrap()
+        .0
+        .len() as u64;
+    let path = dir.join(format!("big-tokenizer-{model}.gguf"));
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    write_gguf(&mut f, &md, &tensors, 32).unwrap();
+    drop(f);
+    (path, header)
+}
+
+/// 100 characters of GPT-2's byte alphabet, each two bytes of UTF-8
+/// (Latin-1's printable ones stand for themselves; U+0100 on stand for
+/// the control bytes).
+fn alphabet() -> Vec<char> {
+    ('\u{a1}'..='\u{ac}')
+        .chain('\u{ae}'..='\u{ff}')
+        .chain('\u{100}'..='\u{105}')
+        .collect()
+}
+
+/// A byte-level BPE vocabulary of 100 units of two characters, every
+/// pair and every triple of them (1,010,100 tokens), and the merges that
+/// build them: each pair once, each triple twice (`a bc` and `ab c`):
+/// 2,010,000 merges, all valid (both halves and their concatenation in the
+/// vocabulary). Units of two characters keep the parsed metadata within
+/// its cap (2 x header + 32 MiB: 32 bytes per value).
+fn big_merges() -> (Vec<String>, Vec<String>) {
+    let a = alphabet();
+    let units: Vec<String> = (0..100)
+        .map(|i| format!("{}{}", a[i], a[(i * 7 + 3) % 100]))
+        .collect();
+    let mut tokens = units.clone();
+    let mut merges = Vec::new();
+    for x in &units {
+        for y in &units {
+            tokens.push(format!("{x}{y}"));
+            merges.push(format!("{x} {y}"));
+        }
+    }
+    for x in &units {
+        for y in &units {
+            for z in &units {
+                tokens.push(format!("{x}{y}{z}"));
+                merges.push(format!("{x} {y}{z}"));
+                merges.push(format!("{x}{y} {z}"));
+            }
+        }
+    }
+    (tokens, merges)
+}
+
+/// hf/'s tokenizer files cost a mount next to nothing, however large the
+/// tokenizer (2 M merges; 1 M tokens; a 50 MB chat template): the daemon's
+/// peak and steady RSS with them (after reading both files whole) stay
+/// within a few MiB of a mount of the same file without them (its
+/// `tokenizer.ggml.model` another than byte-level BPE, so hf/ renders no
+/// tokenizer files), and the files are what they should be (issue 26,
+/// item 4). Before, they were rendered at mount and held for the life of
+/// the mount, a second, JSON-escaped copy of the vocabulary, merges and
+/// template: +120 MiB peak and +60 MiB steady for the 2 M merges, +36 MiB
+/// steady for the 1 M tokens, +58 MiB peak and +59 MiB steady for the
+/// template. (The root's model.gguf and model.safetensors views hold the
+/// metadata too; docs/OPERATIONS.md, "Untrusted files", says what a mount
+/// adds to opening the file.)
+#[test]
+#[cfg_attr(
+    rknot_no_fuse,
+    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
+)]
+fn huge_tokenizer_files_cost_the_mount_next_to_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let a = alphabet();
+    let seed = || {
+        let mut t: Vec<String> = a.iter().map(|c| c.to_string()).collect();
+        t.push(format!("{}{}", a[0], a[1]));
+        (t, vec![format!("{} {}", a[0], a[1])])
+    };
+    let mut failures = Vec::new();
+    for case in ["2M merges", "1M tokens", "50 MB chat template"] {
+        let (tokens, merges, template) = match case {
+            "2M merges" => {
+                let (t, m) = big_merges();
+                (t, m, None)
+            }
+            "1M tokens" => {
+                // 101 + 999,899 tokens of 14 characters, distinct.
+                let (mut t, m) = seed();
+                let n = 1_000_000 - t.len();
+                t.extend((0..n).map(|i| {
+                    let d = |k: usize| a[(i / 100usize.pow(k as u32)) % 100];
+                    format!("{}{}{}{}", d(0), d(1), d(2), "\u{a1}".repeat(11))
+                }));
+                (t, m, None)
+            }
+            _ => {
+                let (t, m) = seed();
+                // Quotes, backslashes and newlines: the escaped form is
+                // larger than the template.
+                let line = "{{ '\"x\\y' }}\n";
+                (t, m, Some(line.repeat(50_000_000 / line.len())))
+            }
+        };
+        let (n_tokens, n_merges) = (tokens.len(), merges.len());
+        let want_template = template.clone();
+        let dir = model_dir();
+        // (peak, RSS) in KiB after mounting and reading hf/'s files.
+        let mut measured = Vec::new();
+        for bpe in [false, true] {
+            let (model, header) = qwen2_with_tokenizer(
+                dir.path(),
+                bpe,
+                tokens.clone(),
+                merges.clone(),
+                template.clone(),
+            );
+            let m = Mounted::new(&model, &[]);
+            let tok_path = m.path("hf/tokenizer.json");
+            assert_eq!(tok_path.exists(), bpe, "{case}: {}", m.log());
+            let mut sizes = (0, 0);
+            if bpe {
+                let tok_bytes = std::fs::read(&tok_path).unwrap();
+                let config_bytes = std::fs::read(m.path("hf/tokenizer_config.json")).unwrap();
+                sizes = (tok_bytes.len(), config_bytes.len());
+                // The files are whole and right.
+                let tok: serde_json::Value = serde_json::from_slice(&tok_bytes).unwrap();
+                assert_eq!(
+                    tok["model"]["vocab"].as_object().unwrap().len(),
+                    n_tokens,
+                    "{case}"
+                );
+                assert_eq!(
+                    tok["model"]["merges"].as_array().unwrap().len(),
+                    n_merges,
+                    "{case}"
+                );
+                let config: serde_json::Value = serde_json::from_slice(&config_bytes).unwrap();
+                assert_eq!(
+                    config["chat_template"].as_str(),
+                    want_template.as_deref(),
+                    "{case}"
+                );
+                // Reads at odd offsets agree with the whole.
+                let f = std::fs::File::open(&tok_path).unwrap();
+                let len = tok_bytes.len() as u64;
+                for (off, n) in [
+                    (0u64, 1u64),
+                    (len / 3 + 7, 100_003),
+                    (len / 2 - 1, 4096),
+                    (len - 3, 3),
+                ] {
+                    let n = n.min(len - off);
+                    let mut got = vec![0u8; n as usize];
+                    std::os::unix::fs::FileExt::read_exact_at(&f, &mut got, off).unwrap();
+                    assert!(
+                        got == tok_bytes[off as usize..(off + n) as usize],
+                        "{case}: {n} bytes at {off}"
+                    );
+                }
+            }
+            let (peak, rss) = (m.peak_rss_kib(), rss_kib(&m));
+            eprintln!(
+                "{case}, tokenizer files {}: header {} MiB; peak {} MiB, RSS {} MiB after the \
+                 mount and reading {} + {} bytes of them",
+                if bpe { "rendered" } else { "absent" },
+                header / MIB,
+                peak >> 10,
+                rss >> 10,
+                sizes.0,
+                sizes.1
+            );
+            measured.push((peak, rss));
+        }
+        let ((peak_without, rss_without), (peak_with, rss_with)) = (measured[0], measured[1]);
+        // While the mount checks the tokenizer: a table of 4-byte ids, at
+        // most 4 slots per token, and a scratch entry; the views' threads
+        // build at the same time, so the peak varies by some MiB.
+        let peak_margin = 32 * 1024 + 16 * n_tokens as u64 / 1024;
+        // Kept: a bit per token and 8 bytes per 64 entries.
+        let rss_margin = 8 * 1024 + n_tokens as u64 / 1024;
+        if peak_with > peak_without + peak_margin {
+            failures.push(format!(
+                "{case}: peak {peak_with} KiB with the tokenizer files, {peak_without} KiB \
+                 without (margin {peak_margin} KiB)"
+            ));
+        }
+        if rss_with > rss_without + rss_margin {
+            failures.push(format!(
+                "{case}: RSS {rss_with} KiB with the tokenizer files, {rss_without} KiB \
+                 without (margin {rss_margin} KiB)"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -535,13 +535,11 @@ impl TensorFs {
                 size,
             ))),
             ROOT_INO | JOBS_DIR_INO | hf::HF_DIR_INO => Err(libc::EISDIR),
-            _ if let Some(f) = self.hf_file(ino) => {
-                let start = usize::try_from(offset)
-                    .unwrap_or(usize::MAX)
-                    .min(f.bytes.len());
-                let end = start.saturating_add(size as usize).min(f.bytes.len());
-                Ok(ReadData::Owned(f.bytes[start..end].to_vec()))
-            }
+            _ if let Some(f) = self.hf_file(ino) => Ok(ReadData::Owned(f.read(
+                self.shared.backend.as_ref(),
+                offset,
+                size,
+            ))),
             // Control files, from their handle's snapshot. The inode is
             // checked first: a tensor read takes no lock of ctl's.
             _ if (matches!(ino, CTL_INO | CTL_JSON_INO) || ino >= JOB_INO_BASE)

@@ -430,7 +430,7 @@ impl TensorFs {
                 ..base
             }),
             _ if let Some(f) = self.hf_file(ino) => Ok(Attr {
-                size: f.bytes.len() as u64,
+                size: f.len(),
                 mtime: self.ns.views_mtime,
                 ..base
             }),

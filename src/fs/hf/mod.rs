@@ -30,10 +30,12 @@
 //! Hugging Face name, a missing tensor) gets no `hf/`; index.json's
 //! `views.hf` says why.
 
-use std::collections::HashMap;
+mod pieces;
+mod tokenizer;
 
 use serde_json::{Map, Value, json};
 
+use self::pieces::Pieces;
 use super::namespace::{TensorFile, ViewFile, view_metadata};
 use super::views::{self, ElemFormat, ModelView, RowPerm, ViewTensor};
 use crate::backend::Backend;
@@ -57,11 +59,32 @@ pub fn is_hf_ino(ino: u64) -> bool {
     (HF_DIR_INO..HF_DIR_INO + 16).contains(&ino)
 }
 
-/// One rendered JSON file of `hf/`.
+/// One JSON file of `hf/`: its text, or the pieces its reads render
+/// (the tokenizer files).
 pub(super) struct HfFile {
     pub(super) name: &'static str,
     pub(super) ino: u64,
-    pub(super) bytes: Vec<u8>,
+    doc: Pieces,
+}
+
+impl HfFile {
+    fn text(name: &'static str, ino: u64, bytes: Vec<u8>) -> HfFile {
+        HfFile {
+            name,
+            ino,
+            doc: Pieces::text(bytes),
+        }
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.doc.len()
+    }
+
+    /// Bytes `[offset, offset + size)` (fewer at the end) of the file of
+    /// the mount of `b`.
+    pub(super) fn read(&self, b: &dyn Backend, offset: u64, size: u32) -> Vec<u8> {
+        self.doc.read(view_metadata(b).0, offset, size)
+    }
 }
 
 /// The offered `hf/` directory: its JSON files (the safetensors views are
@@ -421,29 +444,33 @@ fn build_dir(
     }
 
     let mut files_out = vec![
-        HfFile {
-            name: "config.json",
-            ino: CONFIG_INO,
-            bytes: pretty(&config_json(md, &p, vocab, tied, llama_bias)),
-        },
-        HfFile {
-            name: "generation_config.json",
-            ino: GENERATION_CONFIG_INO,
-            bytes: pretty(&generation_config_json(md)),
-        },
+        HfFile::text(
+            "config.json",
+            CONFIG_INO,
+            pretty(&config_json(md, &p, vocab, tied, llama_bias)),
+        ),
+        HfFile::text(
+            "generation_config.json",
+            GENERATION_CONFIG_INO,
+            pretty(&generation_config_json(md)),
+        ),
     ];
     let mut notes = Vec::new();
-    match tokenizer_files(md, p.ctx) {
-        Ok((tok, tok_config)) => {
+    match tokenizer::tokenizer_files(md, p.ctx) {
+        Ok(t) => {
+            for n in &t.notes {
+                log::info!("hf/tokenizer.json: {n}");
+            }
+            notes.extend(t.notes);
             files_out.push(HfFile {
                 name: "tokenizer.json",
                 ino: TOKENIZER_INO,
-                bytes: tok,
+                doc: t.tokenizer,
             });
             files_out.push(HfFile {
                 name: "tokenizer_config.json",
                 ino: TOKENIZER_CONFIG_INO,
-                bytes: pretty(&tok_config),
+                doc: t.config,
             });
         }
         Err(why) => {
@@ -527,278 +554,6 @@ fn generation_config_json(md: &Metadata) -> Value {
     Value::Object(c)
 }
 
-/// Largest vocabulary and merge list rendered (the largest real ones are
-/// about 262k tokens); a file past them gets no tokenizer files.
-const MAX_VOCAB: usize = 1 << 21;
-const MAX_MERGES: usize = 1 << 22;
-
-/// Stand-ins for the vocabulary and merges while the rest of
-/// tokenizer.json is rendered.
-const VOCAB_MARK: &str = "\u{1}rknot-vocab\u{1}";
-const MERGES_MARK: &str = "\u{1}rknot-merges\u{1}";
-
-/// GGUF token types (llama.cpp's `llama_token_type`).
-const TOKEN_CONTROL: i64 = 3;
-const TOKEN_USER_DEFINED: i64 = 4;
-
-/// The split regex of the pre-tokenizer types transformers' GGUF loader
-/// gives one (the others get GPT-2's byte-level regex).
-fn split_regex(pre: &str) -> Option<&'static str> {
-    const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-    Some(match pre {
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3,
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" => QWEN2,
-        _ => return None,
-    })
-}
-
-fn str_array<'a>(md: &'a Metadata, key: &str) -> Result<Option<Vec<&'a str>>, String> {
-    match md.get(key) {
-        None => Ok(None),
-        Some(MetaValue::Array { values, .. }) => values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_str()
-                    .ok_or_else(|| format!("{key}[{i}] is not a string"))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some),
-        Some(_) => Err(format!("{key} is not an array")),
-    }
-}
-
-/// `tokenizer.json` (bytes) and `tokenizer_config.json`: the byte-level BPE
-/// tokenizer of the GGUF key/values, as transformers' GGUF loader builds it
-/// (vocabulary respelled into GPT-2's byte alphabet where a token is not
-/// in it, the file's merges, control tokens as special added tokens and
-/// user-defined ones as plain added tokens, the pre-tokenizer of the
-/// `tokenizer.ggml.pre` type).
-fn tokenizer_files(md: &Metadata, ctx: u64) -> Result<(Vec<u8>, Value), String> {
-    let model = md
-        .get("tokenizer.ggml.model")
-        .and_then(MetaValue::as_str)
-        .ok_or("the model metadata has no tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(format!(
-            "tokenizer.ggml.model is {model:?}; hf/ renders byte-level BPE (\"gpt2\") tokenizers only"
-        ));
-    }
-    let tokens = str_array(md, "tokenizer.ggml.tokens")?.ok_or("no tokenizer.ggml.tokens")?;
-    let merges = str_array(md, "tokenizer.ggml.merges")?
-        .ok_or("no tokenizer.ggml.merges (a BPE tokenizer needs its merges)")?;
-    let types: Vec<i64> = match md.get("tokenizer.ggml.token_type") {
-        None => Vec::new(),
-        Some(MetaValue::Array { values, .. }) if values.len() == tokens.len() => values
-            .iter()
-            .map(|v| match *v {
-                MetaValue::I32(x) => Ok(i64::from(x)),
-                MetaValue::U32(x) => Ok(i64::from(x)),
-                MetaValue::I64(x) => Ok(x),
-                _ => Err("tokenizer.ggml.token_type holds a non-integer".to_string()),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => {
-            return Err(format!(
-                "tokenizer.ggml.token_type is not an array of {} integers",
-                tokens.len()
-            ));
-        }
-    };
-    let table = crate::probe::tokenizer::byte_to_char_table();
-    let alphabet: std::collections::HashSet<char> = table.iter().copied().collect();
-    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
-    if tokens.len() > MAX_VOCAB || merges.len() > MAX_MERGES {
-        return Err(format!(
-            "{} tokens and {} merges: more than hf/ renders ({MAX_VOCAB} / {MAX_MERGES})",
-            tokens.len(),
-            merges.len()
-        ));
-    }
-    // Spellings in the byte alphabet; later tokens of one spelling win, as
-    // in a Python dict.
-    let spelled: Vec<std::borrow::Cow<str>> = tokens
-        .iter()
-        .map(|t| {
-            if in_alphabet(t) {
-                std::borrow::Cow::Borrowed(*t)
-            } else {
-                std::borrow::Cow::Owned(t.bytes().map(|b| table[b as usize]).collect())
-            }
-        })
-        .collect();
-    let mut vocab: HashMap<&str, usize> = HashMap::with_capacity(tokens.len());
-    for (id, t) in spelled.iter().enumerate() {
-        vocab.insert(t, id);
-    }
-    for (i, m) in merges.iter().enumerate() {
-        if m.split(' ').count() != 2 {
-            return Err(format!(
-                "tokenizer.ggml.merges[{i}] is not two tokens separated by one space"
-            ));
-        }
-    }
-    let added_token = |id: usize, content: &str, special: bool| {
-        json!({
-            "id": id, "content": content, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": special,
-        })
-    };
-    let mut added = Vec::new();
-    for (id, (t, ty)) in tokens.iter().zip(&types).enumerate() {
-        if *ty == TOKEN_CONTROL && in_alphabet(t) {
-            added.push(added_token(id, t, true));
-        } else if *ty == TOKEN_USER_DEFINED
-            && let Some(&vid) = vocab.get(*t)
-        {
-            added.push(added_token(vid, t, false));
-        }
-    }
-    let pre = md
-        .get("tokenizer.ggml.pre")
-        .and_then(MetaValue::as_str)
-        .unwrap_or("default");
-    let pre_tokenizer = match split_regex(pre) {
-        Some(re) => json!({
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false},
-                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
-            ],
-        }),
-        None => {
-            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
-        }
-    };
-    let flag = |k: &str| {
-        md.get(&format!("tokenizer.ggml.{k}"))
-            .is_some_and(|v| matches!(v, MetaValue::Bool(true)))
-    };
-    let token_of = |what: &str| {
-        token_id(md, what)
-            .and_then(|id| usize::try_from(id).ok())
-            .and_then(|id| tokens.get(id).map(|t| (id, *t)))
-    };
-    let (add_bos, add_eos) = (flag("add_bos_token"), flag("add_eos_token"));
-    let bos = token_of("bos").filter(|_| add_bos);
-    let eos = token_of("eos").filter(|_| add_eos);
-    let special =
-        |t: Option<(usize, &str)>| t.map(|(_, s)| json!({"SpecialToken": {"id": s, "type_id": 0}}));
-    let seq = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
-    let mut single = Vec::new();
-    let mut pair = Vec::new();
-    single.extend(special(bos));
-    single.push(seq("A", 0));
-    single.extend(special(eos));
-    pair.extend(special(bos));
-    pair.push(seq("A", 0));
-    pair.extend(special(eos));
-    pair.extend(special(bos).map(|mut v| {
-        v["SpecialToken"]["type_id"] = json!(1);
-        v
-    }));
-    pair.push(seq("B", 1));
-    pair.extend(special(eos).map(|mut v| {
-        v["SpecialToken"]["type_id"] = json!(1);
-        v
-    }));
-    let mut specials = Map::new();
-    for (id, s) in bos.into_iter().chain(eos) {
-        specials.insert(s.to_string(), json!({"id": s, "ids": [id], "tokens": [s]}));
-    }
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": single,
-            "pair": pair,
-            "special_tokens": specials,
-        },
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {
-            "type": "BPE",
-            "dropout": null,
-            "unk_token": null,
-            "continuing_subword_prefix": "",
-            "end_of_word_suffix": "",
-            "fuse_unk": false,
-            "byte_fallback": false,
-            "ignore_merges": false,
-            "vocab": VOCAB_MARK,
-            "merges": MERGES_MARK,
-        },
-    });
-    // The vocabulary and merges are written straight into the text (no
-    // JSON value per token): memory in proportion to the output.
-    let text = serde_json::to_string(&tokenizer).map_err(|e| e.to_string())?;
-    let quoted = |m: &str| serde_json::to_string(m).unwrap_or_default();
-    let (head, rest) = text
-        .split_once(&quoted(VOCAB_MARK))
-        .ok_or("internal error: no vocab mark")?;
-    let (mid, tail) = rest
-        .split_once(&quoted(MERGES_MARK))
-        .ok_or("internal error: no merges mark")?;
-    let mut tok = String::with_capacity(text.len() + 24 * (tokens.len() + merges.len()));
-    tok.push_str(head);
-    tok.push('{');
-    let mut first = true;
-    for (id, t) in spelled.iter().enumerate() {
-        // Only the id a spelling ends with (a Python dict's last write).
-        if vocab.get(t.as_ref()) != Some(&id) {
-            continue;
-        }
-        if !first {
-            tok.push(',');
-        }
-        first = false;
-        tok.push_str(&quoted(t));
-        tok.push(':');
-        tok.push_str(&id.to_string());
-    }
-    tok.push('}');
-    tok.push_str(mid);
-    tok.push('[');
-    for (i, m) in merges.iter().enumerate() {
-        if i > 0 {
-            tok.push(',');
-        }
-        let (a, b) = m.split_once(' ').unwrap_or((m, ""));
-        tok.push('[');
-        tok.push_str(&quoted(a));
-        tok.push(',');
-        tok.push_str(&quoted(b));
-        tok.push(']');
-    }
-    tok.push(']');
-    tok.push_str(tail);
-    tok.push('\n');
-    let name = |what: &str| token_of(what).map_or(Value::Null, |(_, s)| json!(s));
-    let mut config = Map::new();
-    config.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
-    config.insert("add_bos_token".into(), json!(add_bos));
-    config.insert("add_eos_token".into(), json!(add_eos));
-    config.insert("bos_token".into(), name("bos"));
-    config.insert("eos_token".into(), name("eos"));
-    config.insert("unk_token".into(), name("unknown"));
-    config.insert("pad_token".into(), name("padding"));
-    config.insert("clean_up_tokenization_spaces".into(), json!(false));
-    config.insert("model_max_length".into(), json!(ctx));
-    if let Some(t) = md
-        .get("tokenizer.chat_template")
-        .and_then(MetaValue::as_str)
-    {
-        config.insert("chat_template".into(), json!(t));
-    }
-    Ok((tok.into_bytes(), Value::Object(config)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -831,65 +586,6 @@ mod tests {
         ] {
             assert_eq!(n(bad), None, "{bad}");
         }
-    }
-
-    fn arr(xs: &[&str]) -> MetaValue {
-        MetaValue::Array {
-            elem: crate::format::meta::MetaType::String,
-            values: xs
-                .iter()
-                .map(|x| MetaValue::String(x.to_string()))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn tokenizer_json_respells_dedups_and_marks_control_tokens() {
-        let mut md = Metadata::default();
-        md.push("tokenizer.ggml.model", MetaValue::String("gpt2".into()));
-        md.push("tokenizer.ggml.pre", MetaValue::String("qwen2".into()));
-        md.push(
-            "tokenizer.ggml.tokens",
-            arr(&["a", "b", "Ġa", " a", "<|x|>", "ab"]),
-        );
-        md.push(
-            "tokenizer.ggml.token_type",
-            MetaValue::Array {
-                elem: crate::format::meta::MetaType::I32,
-                values: [1, 1, 1, 1, 3, 4].map(MetaValue::I32).to_vec(),
-            },
-        );
-        md.push("tokenizer.ggml.merges", arr(&["a b"]));
-        md.push("tokenizer.ggml.eos_token_id", MetaValue::U32(4));
-        md.push("tokenizer.ggml.add_bos_token", MetaValue::Bool(false));
-        let (tok, config) = tokenizer_files(&md, 64).unwrap();
-        let v: Value = serde_json::from_slice(&tok).unwrap();
-        // " a" is respelled "Ġa" and, later, wins that spelling.
-        assert_eq!(
-            v["model"]["vocab"],
-            json!({"a": 0, "b": 1, "Ġa": 3, "<|x|>": 4, "ab": 5})
-        );
-        assert_eq!(v["model"]["merges"], json!([["a", "b"]]));
-        let added = v["added_tokens"].as_array().unwrap();
-        assert_eq!(added.len(), 2);
-        assert_eq!(
-            (added[0]["id"].as_u64(), added[0]["special"].as_bool()),
-            (Some(4), Some(true))
-        );
-        assert_eq!(
-            (added[1]["id"].as_u64(), added[1]["special"].as_bool()),
-            (Some(5), Some(false))
-        );
-        assert_eq!(v["pre_tokenizer"]["type"], "Sequence");
-        assert_eq!(config["eos_token"], "<|x|>");
-        assert_eq!(config["bos_token"], Value::Null);
-        // Only byte-level BPE, with its merges.
-        let mut spm = md.clone();
-        spm.entries[0].1 = MetaValue::String("llama".into());
-        assert!(tokenizer_files(&spm, 64).unwrap_err().contains("\"llama\""));
-        let mut bad = md.clone();
-        bad.entries.retain(|(k, _)| k != "tokenizer.ggml.merges");
-        assert!(tokenizer_files(&bad, 64).unwrap_err().contains("merges"));
     }
 
     #[test]
