@@ -801,7 +801,11 @@ mod tests {
         );
         set(&mut md, TYPES, types(&[1, 1, 3, 4, 1, 1, 1]));
         md.push("tokenizer.ggml.bos_token_id", MetaValue::U32(2));
-        set(&mut md, "tokenizer.ggml.add_bos_token", MetaValue::Bool(true));
+        set(
+            &mut md,
+            "tokenizer.ggml.add_bos_token",
+            MetaValue::Bool(true),
+        );
         set(&mut md, "tokenizer.ggml.eos_token_id", MetaValue::U32(1));
         let (v, config, notes) = render(&md).unwrap();
         assert_eq!(
