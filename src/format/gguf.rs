@@ -817,8 +817,29 @@ pub fn encode_header(
     tensors: &[(String, Vec<u64>, GgmlType)],
     alignment: u64,
 ) -> Result<(Vec<u8>, Vec<u64>)> {
+    encode_header_with(metadata, &[], tensors, alignment)
+}
+
+/// [`encode_header`] of `metadata` with `overrides`: each override's value
+/// replaces that of its key where `metadata` has it, and is added after
+/// the others where not. The same header as encoding a copy of `metadata`
+/// changed that way, without the copy (a vocabulary's metadata can be
+/// tens of megabytes of strings).
+pub fn encode_header_with(
+    metadata: &Metadata,
+    overrides: &[(&str, MetaValue)],
+    tensors: &[(String, Vec<u64>, GgmlType)],
+    alignment: u64,
+) -> Result<(Vec<u8>, Vec<u64>)> {
     check_alignment(alignment)?;
-    let add_alignment_key = match metadata.get(ALIGNMENT_KEY) {
+    let overridden = |key: &str| overrides.iter().find(|(k, _)| *k == key).map(|(_, v)| v);
+    let value_of =
+        |key: &str| -> Option<&MetaValue> { overridden(key).or_else(|| metadata.get(key)) };
+    let added: Vec<&(&str, MetaValue)> = overrides
+        .iter()
+        .filter(|(k, _)| metadata.get(k).is_none())
+        .collect();
+    let add_alignment_key = match value_of(ALIGNMENT_KEY) {
         None => alignment != DEFAULT_ALIGNMENT,
         Some(MetaValue::U32(a)) if u64::from(*a) == alignment => false,
         Some(other) => {
@@ -840,15 +861,20 @@ pub fn encode_header(
     put_u64(&mut out, tensors.len() as u64);
     put_u64(
         &mut out,
-        metadata.len() as u64 + u64::from(add_alignment_key),
+        (metadata.len() + added.len()) as u64 + u64::from(add_alignment_key),
     );
 
     let mut keys = HashSet::new();
-    for (key, value) in &metadata.entries {
+    let entries = metadata
+        .entries
+        .iter()
+        .map(|(k, v)| (k.as_str(), overridden(k).unwrap_or(v)))
+        .chain(added.iter().map(|(k, v)| (*k, v)));
+    for (key, value) in entries {
         if key.is_empty() {
             return Err(err(ErrorKind::BadValue, "empty metadata key"));
         }
-        if !keys.insert(key.as_str()) {
+        if !keys.insert(key) {
             return Err(err(
                 ErrorKind::BadValue,
                 format!("duplicate metadata key {key:?}"),

@@ -19,6 +19,7 @@
 //! `16 + i + k * 2^32`, so `.f32` inodes keep their `16 + i`;
 //! `hf/model.safetensors` in format k is `2^47 + 5 + k` ([`super::hf`]).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -656,26 +657,49 @@ pub fn safetensors_all(
         // for a large vocabulary).
         return Vec::new();
     }
-    let full = metadata_json(md, false);
+    // The full `__metadata__`, unless it alone passes safetensors' limit
+    // (then every format gets the summarized one: no header is built
+    // beyond the limit).
+    let mut full = metadata_json(md, false);
     let mut summarized: Option<String> = None;
+    let note = || {
+        format!(
+            "__metadata__ arrays longer than {SUMMARY_ARRAY_LIMIT} are summarized \
+             (the full header would pass safetensors' {SAFETENSORS_MAX_HEADER}-byte limit)"
+        )
+    };
+    let last = fmts.len() - 1;
     fmts.iter()
-        .map(|&fmt| match safetensors_with(tensors, &full, fmt) {
-            Err(e) if e.kind() == ErrorKind::TooLarge => {
-                let meta = summarized.get_or_insert_with(|| metadata_json(md, true));
-                let layout = safetensors_with(tensors, meta, fmt)?;
-                Ok(Built {
+        .enumerate()
+        .map(|(i, &fmt)| {
+            // The last format takes the text's buffer as its header.
+            let full_meta = match &mut full {
+                Some(text) if i == last => Some(Cow::Owned(std::mem::take(text))),
+                Some(text) => Some(Cow::Borrowed(text.as_str())),
+                None => None,
+            };
+            let tried = full_meta.map(|m| safetensors_with(tensors, m, fmt));
+            match tried {
+                Some(Err(e)) if e.kind() != ErrorKind::TooLarge => Err(e),
+                Some(Ok(layout)) => Ok(Built {
                     layout,
-                    notes: vec![format!(
-                        "__metadata__ arrays longer than {SUMMARY_ARRAY_LIMIT} are summarized \
-                         (the full header would pass safetensors' {SAFETENSORS_MAX_HEADER}-byte \
-                         limit)"
-                    )],
-                })
+                    notes: Vec::new(),
+                }),
+                _ => {
+                    let meta = match &summarized {
+                        Some(m) => m,
+                        None => summarized.insert(
+                            metadata_json(md, true)
+                                .ok_or_else(|| err(ErrorKind::TooLarge, note()))?,
+                        ),
+                    };
+                    let layout = safetensors_with(tensors, Cow::Borrowed(meta.as_str()), fmt)?;
+                    Ok(Built {
+                        layout,
+                        notes: vec![note()],
+                    })
+                }
             }
-            other => other.map(|layout| Built {
-                layout,
-                notes: Vec::new(),
-            }),
         })
         .collect()
 }
@@ -686,38 +710,116 @@ fn json_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
-/// The `__metadata__` object as JSON text: every key/value as a string;
-/// with `summarize`, long arrays as a summary object's text.
-fn metadata_json(md: &Metadata, summarize: bool) -> String {
-    let mut out = String::from("{");
+/// Append `s` to `out` JSON-escaped, without the quotes: exactly what
+/// serde_json writes between them (`"` and `\\` escaped, the control
+/// characters as `\b`, `\t`, `\n`, `\f`, `\r` or `\u00xx`, nothing else).
+fn push_escaped(out: &mut String, s: &str) {
+    use std::fmt::Write as _;
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let short = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            0x08 => "\\b",
+            b'\t' => "\\t",
+            b'\n' => "\\n",
+            0x0c => "\\f",
+            b'\r' => "\\r",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        // Every byte escaped is ASCII, so these are char boundaries.
+        out.push_str(&s[plain..i]);
+        if short.is_empty() {
+            // Writing to a String cannot fail.
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(short);
+        }
+        plain = i + 1;
+    }
+    out.push_str(&s[plain..]);
+}
+
+/// Append the `__metadata__` string of `v` ([`meta_string`]) to `out` as
+/// a JSON string, escaped on the way: a long array is never held as text
+/// and again escaped (for a vocabulary, tens of megabytes each).
+fn push_meta_string(out: &mut String, v: &MetaValue) {
+    out.push('"');
+    match v {
+        MetaValue::Array { values, .. } => {
+            let mut element = String::new();
+            out.push('[');
+            for (i, x) in values.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                element.clear();
+                json_text(x, &mut element);
+                push_escaped(out, &element);
+            }
+            out.push(']');
+        }
+        MetaValue::String(s) => push_escaped(out, s),
+        other => push_escaped(out, &meta_string(other)),
+    }
+    out.push('"');
+}
+
+/// `{"__metadata__":` and the `__metadata__` object as JSON text: every
+/// key/value as a string; with `summarize`, long arrays as a summary
+/// object's text. The start of a safetensors header ([`safetensors_with`]).
+/// None once it passes [`SAFETENSORS_MAX_HEADER`]: no header can hold it.
+fn metadata_json(md: &Metadata, summarize: bool) -> Option<String> {
+    let mut out = String::from(METADATA_PREFIX);
+    out.push('{');
     for (i, (k, v)) in md.entries.iter().enumerate() {
+        if out.len() as u64 > SAFETENSORS_MAX_HEADER {
+            return None;
+        }
         if i > 0 {
             out.push(',');
         }
-        let text = match v {
-            MetaValue::Array { elem, values } if summarize && values.len() > SUMMARY_ARRAY_LIMIT => {
-                json!({"type": "array", "elem_type": elem.name(), "len": values.len(), "omitted": true})
-                    .to_string()
-            }
-            _ => meta_string(v),
-        };
         out.push_str(&json_str(k));
         out.push(':');
-        out.push_str(&json_str(&text));
+        match v {
+            MetaValue::Array { elem, values }
+                if summarize && values.len() > SUMMARY_ARRAY_LIMIT =>
+            {
+                out.push_str(&json_str(
+                    &json!({"type": "array", "elem_type": elem.name(), "len": values.len(), "omitted": true})
+                        .to_string(),
+                ));
+            }
+            _ => push_meta_string(&mut out, v),
+        }
     }
     out.push('}');
-    out
+    (out.len() as u64 <= SAFETENSORS_MAX_HEADER).then_some(out)
 }
 
+/// The start of a safetensors header whose `__metadata__` is the JSON
+/// object `object` (for [`safetensors_with`]).
+pub(super) fn header_start(object: &str) -> String {
+    format!("{METADATA_PREFIX}{object}")
+}
+
+/// What a safetensors header starts with: 8 bytes for its length (written
+/// over these spaces when the header is done), then the JSON.
+const METADATA_PREFIX: &str = "        {\"__metadata__\":";
+
+/// A safetensors layout whose header starts with `meta_json` (from
+/// [`metadata_json`]: the length's 8 bytes, then `{"__metadata__":{...}`).
+/// The header is built in `meta_json`'s own buffer when the caller gives
+/// it away (one view), copied from it otherwise.
 pub(super) fn safetensors_with(
     tensors: &[ViewTensor],
-    meta_json: &str,
+    meta_json: Cow<'_, str>,
     fmt: ElemFormat,
 ) -> Result<Layout> {
     use std::fmt::Write as _;
-    let mut json = String::with_capacity(meta_json.len() + 128 * tensors.len() + 32);
-    json.push_str("{\"__metadata__\":");
-    json.push_str(meta_json);
+    let mut json = meta_json.into_owned();
+    json.reserve(128 * tensors.len() + 32);
     let mut names = std::collections::HashSet::with_capacity(tensors.len());
     let mut spans = Vec::with_capacity(tensors.len());
     let mut off = 0u64;
@@ -749,7 +851,7 @@ pub(super) fn safetensors_with(
     }
     json.push('}');
     // Spaces, as the reference writer pads: the data then starts 8-aligned.
-    let padded = json.len().next_multiple_of(8);
+    let padded = (json.len() - 8).next_multiple_of(8);
     let n = padded as u64;
     if n > SAFETENSORS_MAX_HEADER {
         return Err(err(
@@ -762,9 +864,8 @@ pub(super) fn safetensors_with(
     let base = 8 + n;
     // Every segment ends by `size`, so computing it first bounds them all.
     let size = add(base, off, "safetensors size")?;
-    let mut header = Vec::with_capacity(padded + 8);
-    header.extend_from_slice(&n.to_le_bytes());
-    header.extend_from_slice(json.as_bytes());
+    let mut header = json.into_bytes();
+    header[..8].copy_from_slice(&n.to_le_bytes());
     header.resize(padded + 8, b' ');
     let segments = tensors
         .iter()
@@ -838,6 +939,28 @@ pub fn gguf_missing_tensors(md: &Metadata, names: &[&str]) -> Vec<String> {
 /// `general.file_type` set to 0 (ALL_F32: every tensor is F32 here) and
 /// `general.alignment` kept (as a u32) when it is valid, 32 when absent.
 pub fn gguf_metadata(md: &Metadata) -> Result<(Metadata, u64)> {
+    let (overrides, alignment) = gguf_overrides(md)?;
+    let mut out = Metadata::default();
+    for (k, v) in &md.entries {
+        let v = overrides
+            .iter()
+            .find(|(o, _)| *o == k.as_str())
+            .map_or_else(|| v.clone(), |(_, o)| o.clone());
+        out.push(k.clone(), v);
+    }
+    for (k, v) in overrides {
+        if md.get(k).is_none() {
+            out.push(k, v);
+        }
+    }
+    Ok((out, alignment))
+}
+
+/// What `model.gguf` changes in the source's key/values (every tensor is
+/// F32: `general.file_type` 0; the alignment as u32), and the alignment.
+/// [`gguf`] encodes the source's metadata with these in place, without a
+/// copy of it; [`gguf_metadata`] is the same as a value.
+fn gguf_overrides(md: &Metadata) -> Result<(Vec<(&'static str, MetaValue)>, u64)> {
     const FILE_TYPE: &str = "general.file_type";
     let alignment = match md.get(ALIGNMENT_KEY) {
         None => DEFAULT_ALIGNMENT,
@@ -859,19 +982,11 @@ pub fn gguf_metadata(md: &Metadata) -> Result<(Metadata, u64)> {
             format!("{ALIGNMENT_KEY} = {alignment}"),
         )
     })?;
-    let mut out = Metadata::default();
-    for (k, v) in &md.entries {
-        let v = match k.as_str() {
-            FILE_TYPE => MetaValue::U32(0),
-            ALIGNMENT_KEY => MetaValue::U32(alignment_u32),
-            _ => v.clone(),
-        };
-        out.push(k.clone(), v);
+    let mut overrides = vec![(FILE_TYPE, MetaValue::U32(0))];
+    if md.get(ALIGNMENT_KEY).is_some() {
+        overrides.push((ALIGNMENT_KEY, MetaValue::U32(alignment_u32)));
     }
-    if md.get(FILE_TYPE).is_none() {
-        out.push(FILE_TYPE, MetaValue::U32(0));
-    }
-    Ok((out, alignment))
+    Ok((overrides, alignment))
 }
 
 /// `model.gguf`: a GGUF v3 header from [`gguf::encode_header`] (the
@@ -880,7 +995,7 @@ pub fn gguf_metadata(md: &Metadata) -> Result<(Metadata, u64)> {
 /// zeros between them and after the last up to the alignment (as
 /// [`gguf::write_gguf`] writes a file).
 pub fn gguf(tensors: &[ViewTensor], md: &Metadata) -> Result<Built> {
-    let (md, alignment) = gguf_metadata(md)?;
+    let (overrides, alignment) = gguf_overrides(md)?;
     let mut infos = Vec::with_capacity(tensors.len());
     let mut lens = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -888,8 +1003,7 @@ pub fn gguf(tensors: &[ViewTensor], md: &Metadata) -> Result<Built> {
         let ne: Vec<u64> = t.shape.iter().rev().copied().collect();
         infos.push((t.name.to_string(), ne, GgmlType::F32));
     }
-    let (header, offsets) = gguf::encode_header(&md, &infos, alignment)?;
-    drop(md);
+    let (header, offsets) = gguf::encode_header_with(md, &overrides, &infos, alignment)?;
     let base = header.len() as u64;
     let mut segments = Vec::with_capacity(tensors.len());
     let mut data_end = 0u64;
@@ -913,6 +1027,43 @@ pub fn gguf(tensors: &[ViewTensor], md: &Metadata) -> Result<Built> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The streamed escaping is serde_json's, byte for byte, and the
+    /// streamed `__metadata__` strings are [`meta_string`]'s, escaped.
+    #[test]
+    fn streamed_metadata_text_is_what_serde_json_writes() {
+        let mut all: String = (0u8..=0x7f).map(char::from).collect();
+        all.push_str("é\u{2028}\u{10ffff}\"\\\u{7f}x");
+        for s in [all.as_str(), "", "plain", "\"", "a\u{0}b\u{1f}"] {
+            let mut got = String::new();
+            push_escaped(&mut got, s);
+            assert_eq!(format!("\"{got}\""), json_str(s), "{s:?}");
+        }
+        let values = [
+            MetaValue::String(all.clone()),
+            MetaValue::F32(f32::NAN),
+            MetaValue::F64(-1.5),
+            MetaValue::U64(u64::MAX),
+            MetaValue::Bool(true),
+            MetaValue::Array {
+                elem: crate::format::meta::MetaType::String,
+                values: vec![
+                    MetaValue::String(all.clone()),
+                    MetaValue::String("\n".into()),
+                ],
+            },
+            MetaValue::Array {
+                elem: crate::format::meta::MetaType::F32,
+                values: vec![MetaValue::F32(f32::INFINITY), MetaValue::F32(0.25)],
+            },
+        ];
+        for v in &values {
+            let mut got = String::new();
+            push_meta_string(&mut got, v);
+            assert_eq!(got, json_str(&meta_string(v)), "{v:?}");
+        }
+    }
+
     use super::*;
     use crate::format::meta::MetaType;
     use serde_json::Value;

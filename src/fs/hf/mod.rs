@@ -430,8 +430,12 @@ fn build_dir(
     for &fmt in formats {
         // transformers refuses a safetensors file whose metadata lacks a
         // known "format".
-        let layout = views::safetensors_with(&view_tensors, r#"{"format":"pt"}"#, fmt)
-            .map_err(|e| e.to_string());
+        let layout = views::safetensors_with(
+            &view_tensors,
+            views::header_start(r#"{"format":"pt"}"#).into(),
+            fmt,
+        )
+        .map_err(|e| e.to_string());
         views_out.push(ViewFile {
             view: ModelView::Hf(fmt),
             layout,
