@@ -533,6 +533,18 @@ fn huge_tokenizer_files_cost_the_mount_next_to_nothing() {
                 sizes.0,
                 sizes.1
             );
+            // The mount's documented bound (OPERATIONS.md, "Untrusted
+            // files"): opening's 4 x header + 64 MiB, plus model.gguf's
+            // header (about the source's) and model.safetensors' (at most
+            // 100 MB): 5 x header + 164 MiB.
+            let bound_kib = (5 * header + 164 * MIB) / 1024;
+            if peak > bound_kib {
+                failures.push(format!(
+                    "{case}, tokenizer files {}: peak {peak} KiB, over the bound of 5 x header \
+                     + 164 MiB = {bound_kib} KiB",
+                    if bpe { "rendered" } else { "absent" },
+                ));
+            }
             measured.push((peak, rss));
         }
         let ((peak_without, rss_without), (peak_with, rss_with)) = (measured[0], measured[1]);

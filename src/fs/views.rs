@@ -714,37 +714,75 @@ fn json_str(s: &str) -> String {
 /// serde_json writes between them (`"` and `\\` escaped, the control
 /// characters as `\b`, `\t`, `\n`, `\f`, `\r` or `\u00xx`, nothing else).
 fn push_escaped(out: &mut String, s: &str) {
-    use std::fmt::Write as _;
     let mut plain = 0;
     for (i, b) in s.bytes().enumerate() {
-        let short = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            0x08 => "\\b",
-            b'\t' => "\\t",
-            b'\n' => "\\n",
-            0x0c => "\\f",
-            b'\r' => "\\r",
-            0x00..=0x1f => "",
-            _ => continue,
-        };
+        let Some(e) = escape_of(b) else { continue };
         // Every byte escaped is ASCII, so these are char boundaries.
         out.push_str(&s[plain..i]);
-        if short.is_empty() {
-            // Writing to a String cannot fail.
-            let _ = write!(out, "\\u{b:04x}");
-        } else {
-            out.push_str(short);
-        }
+        out.push_str(&e);
         plain = i + 1;
     }
     out.push_str(&s[plain..]);
 }
 
+/// The JSON escape of byte `b` ([`push_escaped`]), None for a byte
+/// written as it is.
+fn escape_of(b: u8) -> Option<std::borrow::Cow<'static, str>> {
+    Some(match b {
+        b'"' => "\\\"".into(),
+        b'\\' => "\\\\".into(),
+        0x08 => "\\b".into(),
+        b'\t' => "\\t".into(),
+        b'\n' => "\\n".into(),
+        0x0c => "\\f".into(),
+        b'\r' => "\\r".into(),
+        0x00..=0x1f => format!("\\u{b:04x}").into(),
+        _ => return None,
+    })
+}
+
+/// Length of `s` JSON-escaped once (`twice`: escaped, quoted, and that
+/// escaped again: a string element of an array in `__metadata__`).
+fn escaped_len(s: &str, twice: bool) -> usize {
+    let specials: usize = s
+        .bytes()
+        .map(|b| match escape_of(b) {
+            None => 0,
+            Some(e) if twice => {
+                e.bytes()
+                    .map(|x| escape_of(x).map_or(1, |d| d.len()))
+                    .sum::<usize>()
+                    - 1
+            }
+            Some(e) => e.len() - 1,
+        })
+        .sum();
+    s.len() + specials + if twice { 4 } else { 0 }
+}
+
+/// Append `s` as a JSON string (quoted, escaped), escaped again: how a
+/// string element of an array stands in `__metadata__`'s text.
+fn push_escaped_twice(out: &mut String, s: &str) {
+    out.push_str("\\\"");
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let Some(e) = escape_of(b) else { continue };
+        // Every byte escaped is ASCII, so these are char boundaries.
+        out.push_str(&s[plain..i]);
+        push_escaped(out, &e);
+        plain = i + 1;
+    }
+    out.push_str(&s[plain..]);
+    out.push_str("\\\"");
+}
+
 /// Append the `__metadata__` string of `v` ([`meta_string`]) to `out` as
 /// a JSON string, escaped on the way: a long array is never held as text
-/// and again escaped (for a vocabulary, tens of megabytes each).
-fn push_meta_string(out: &mut String, v: &MetaValue) {
+/// and again escaped (for a vocabulary, tens of megabytes each). False,
+/// with `out` grown by at most `limit` bytes, when `out` would pass
+/// `limit`: nothing is built beyond it, however the value escapes.
+fn push_meta_string(out: &mut String, v: &MetaValue, limit: usize) -> bool {
+    let fits = |out: &String, more: usize| out.len().saturating_add(more) <= limit;
     out.push('"');
     match v {
         MetaValue::Array { values, .. } => {
@@ -754,16 +792,34 @@ fn push_meta_string(out: &mut String, v: &MetaValue) {
                 if i > 0 {
                     out.push(',');
                 }
+                if let MetaValue::String(s) = x {
+                    if !fits(out, escaped_len(s, true)) {
+                        return false;
+                    }
+                    push_escaped_twice(out, s);
+                    continue;
+                }
+                // Numbers, bools, nested arrays: short, or checked as
+                // they grow (a nested array's elements are each short).
                 element.clear();
                 json_text(x, &mut element);
+                if !fits(out, escaped_len(&element, false)) {
+                    return false;
+                }
                 push_escaped(out, &element);
             }
             out.push(']');
         }
-        MetaValue::String(s) => push_escaped(out, s),
+        MetaValue::String(s) => {
+            if !fits(out, escaped_len(s, false)) {
+                return false;
+            }
+            push_escaped(out, s);
+        }
         other => push_escaped(out, &meta_string(other)),
     }
     out.push('"');
+    fits(out, 0)
 }
 
 /// `{"__metadata__":` and the `__metadata__` object as JSON text: every
@@ -774,7 +830,7 @@ fn metadata_json(md: &Metadata, summarize: bool) -> Option<String> {
     let mut out = String::from(METADATA_PREFIX);
     out.push('{');
     for (i, (k, v)) in md.entries.iter().enumerate() {
-        if out.len() as u64 > SAFETENSORS_MAX_HEADER {
+        if out.len() > MAX_METADATA_JSON {
             return None;
         }
         if i > 0 {
@@ -791,11 +847,15 @@ fn metadata_json(md: &Metadata, summarize: bool) -> Option<String> {
                         .to_string(),
                 ));
             }
-            _ => push_meta_string(&mut out, v),
+            _ => {
+                if !push_meta_string(&mut out, v, MAX_METADATA_JSON) {
+                    return None;
+                }
+            }
         }
     }
     out.push('}');
-    (out.len() as u64 <= SAFETENSORS_MAX_HEADER).then_some(out)
+    (out.len() <= MAX_METADATA_JSON).then_some(out)
 }
 
 /// The start of a safetensors header whose `__metadata__` is the JSON
@@ -803,6 +863,9 @@ fn metadata_json(md: &Metadata, summarize: bool) -> Option<String> {
 pub(super) fn header_start(object: &str) -> String {
     format!("{METADATA_PREFIX}{object}")
 }
+
+/// The longest `__metadata__` text built: safetensors' header limit.
+const MAX_METADATA_JSON: usize = SAFETENSORS_MAX_HEADER as usize;
 
 /// What a safetensors header starts with: 8 bytes for its length (written
 /// over these spaces when the header is done), then the JSON.
@@ -1059,8 +1122,27 @@ mod tests {
         ];
         for v in &values {
             let mut got = String::new();
-            push_meta_string(&mut got, v);
-            assert_eq!(got, json_str(&meta_string(v)), "{v:?}");
+            assert!(push_meta_string(&mut got, v, usize::MAX));
+            let want = json_str(&meta_string(v));
+            assert_eq!(got, want, "{v:?}");
+            // A limit one byte short refuses it; one at half its length
+            // stops it near there (a string or array is not built past the
+            // limit but for its closing characters).
+            let mut short = String::new();
+            assert!(!push_meta_string(&mut short, v, want.len() - 1), "{v:?}");
+            if matches!(v, MetaValue::String(_) | MetaValue::Array { .. }) {
+                let mut half = String::new();
+                assert!(!push_meta_string(&mut half, v, want.len() / 2), "{v:?}");
+                assert!(half.len() <= want.len() / 2 + 2, "{v:?}: {}", half.len());
+            }
+        }
+        for s in [all.as_str(), "", "\u{0}\u{1f}\\\""] {
+            assert_eq!(escaped_len(s, false), json_str(s).len() - 2, "{s:?}");
+            assert_eq!(
+                escaped_len(s, true),
+                json_str(&json_str(s)).len() - 2,
+                "{s:?}"
+            );
         }
     }
 

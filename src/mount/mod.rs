@@ -487,7 +487,13 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     crate::source::stop_runtime();
 
     let mountpoint = prep.mountpoint.clone();
-    let summary = prep.backend.summary().clone();
+    // Only what the log line and the stop plan name: the summary's
+    // metadata may be tens of megabytes (a large vocabulary), and a copy of
+    // it lived as long as the mount.
+    let (source_path, source_format) = {
+        let s = prep.backend.summary();
+        (s.path.clone(), s.format)
+    };
     let fs = TensorFs::new(prep.backend, prep.fs_config);
     // The signal thread cancels the jobs; the filesystem itself moves into
     // the session.
@@ -546,9 +552,9 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     }
     log::info!(
         "mounted {} at {} ({}, {} tensor files, {}{decoded_note})",
-        summary.path.display(),
+        source_path.display(),
         mountpoint.display(),
-        summary.format,
+        source_format,
         n_files,
         if direct_io { "direct_io" } else { "page cache" }
     );
@@ -574,7 +580,7 @@ fn serve(prep: Prepared, mut notify: Option<std::fs::File>) -> ExitCode {
     // Readiness: the mount is live once a lookup through it answers. That
     // needs the session loop, so check from a helper thread.
     let mp = mountpoint.clone();
-    let source = summary.path.clone();
+    let source = source_path;
     let log_file = prep.log_file.clone();
     let background = notify.is_some();
     let readahead_kb = prep.readahead_kb;
