@@ -2,7 +2,7 @@
 //! (the disk cache of parts, `--source-cache`; the decoded-file store,
 //! `--decoded-cache`; the version a manifest check is matched by).
 //!
-//! The redacted URL ([`super::redact`]: no query string) is what may be
+//! The redacted URL ([`redact`]: no query string) is what may be
 //! printed, but it is not an identity: `https://h/get?f=a.gguf` and
 //! `https://h/get?f=b.gguf` (a download endpoint), or presigned URLs of two
 //! versions of one key (`?versionId=...`), are different objects with one
@@ -29,6 +29,19 @@
 //! identity says which object, the pin which of its versions.
 
 use sha2::{Digest, Sha256};
+
+/// `url` without userinfo, query string or fragment: what may be printed.
+pub fn redact(url: &str) -> String {
+    let url = url.split(['?', '#']).next().unwrap_or("");
+    let Some(i) = url.find("://") else {
+        return url.to_string();
+    };
+    let (scheme, rest) = url.split_at(i + 3);
+    let auth_end = rest.find('/').unwrap_or(rest.len());
+    let (auth, path) = rest.split_at(auth_end);
+    let host = auth.rsplit('@').next().unwrap_or(auth);
+    format!("{scheme}{host}{path}")
+}
 
 /// Query parameters of signed URLs that authenticate a request and name no
 /// object (compared case-insensitively): AWS Signature V4 and V2 (S3
@@ -114,7 +127,7 @@ pub fn object_identity(url: &str, s3_endpoint: Option<&str>) -> String {
         h.update(f.as_bytes());
     }
     let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    format!("{} sha256:{hex}", super::redact(url))
+    format!("{} sha256:{hex}", redact(url))
 }
 
 #[cfg(test)]

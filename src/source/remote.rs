@@ -59,18 +59,9 @@ pub fn is_remote(s: &str) -> bool {
         .any(|p| s.len() >= p.len() && s[..p.len()].eq_ignore_ascii_case(p))
 }
 
-/// `url` without userinfo, query string or fragment: what may be printed.
-pub fn redact(url: &str) -> String {
-    let url = url.split(['?', '#']).next().unwrap_or("");
-    let Some(i) = url.find("://") else {
-        return url.to_string();
-    };
-    let (scheme, rest) = url.split_at(i + 3);
-    let auth_end = rest.find('/').unwrap_or(rest.len());
-    let (auth, path) = rest.split_at(auth_end);
-    let host = auth.rsplit('@').next().unwrap_or(auth);
-    format!("{scheme}{host}{path}")
-}
+// What may be printed of a URL; defined with the identity, which needs
+// it and nothing else of this module.
+pub use super::identity::redact;
 
 /// How remote sources fetch and cache.
 #[derive(Debug, Clone)]
