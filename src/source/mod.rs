@@ -23,11 +23,14 @@
 
 mod argv;
 pub mod cli;
+mod fetch;
 mod http;
 mod identity;
 mod local;
+mod options;
 mod parts;
 mod remote;
+mod runtime;
 mod s3;
 pub mod upload;
 
@@ -37,12 +40,13 @@ use std::time::SystemTime;
 
 use crate::error::{ErrorKind, Result, err};
 pub use argv::hide_url_secrets_in_argv;
+pub use fetch::Pin;
 use local::LocalFile;
+pub use options::RemoteOptions;
 pub use parts::PartStats;
 use remote::RemoteFile;
-pub use remote::{
-    DiskCacheStats, Pin, RemoteOptions, RemoteStats, is_remote, redact, stop_runtime,
-};
+pub use remote::{DiskCacheStats, RemoteStats, is_remote, redact};
+pub use runtime::stop_runtime;
 
 /// An open, read-only model file (local or remote) and the version it had
 /// when opened. Readers hold this type and never know where bytes come
