@@ -22,12 +22,14 @@
 //! source is seen changed, nothing more is read from it.
 
 mod argv;
+pub(crate) mod cache_dir;
 pub mod cli;
 mod fetch;
 mod http;
 mod identity;
 mod local;
 mod options;
+pub mod part_cache;
 mod parts;
 mod remote;
 mod runtime;
@@ -36,6 +38,7 @@ pub mod upload;
 
 use std::fmt;
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use crate::error::{ErrorKind, Result, err};
@@ -47,6 +50,13 @@ pub use parts::PartStats;
 use remote::RemoteFile;
 pub use remote::{DiskCacheStats, RemoteStats, is_remote, redact};
 pub use runtime::stop_runtime;
+
+/// Lock a mutex whose data stays consistent even if a holder panicked (as
+/// `cache::lock`, which is above this module): every lock here guards
+/// state each mutation leaves whole.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// An open, read-only model file (local or remote) and the version it had
 /// when opened. Readers hold this type and never know where bytes come

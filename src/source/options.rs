@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::lock;
+
 /// How remote sources fetch and cache.
 #[derive(Debug, Clone)]
 pub struct RemoteOptions {
@@ -190,8 +192,4 @@ pub(crate) fn read_ca_bundle(path: &Path) -> std::result::Result<Vec<u8>, String
             "CA bundle {shown}: not a PEM bundle of certificates: {e}"
         )),
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

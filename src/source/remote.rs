@@ -48,12 +48,13 @@ use sha2::{Digest, Sha256};
 
 use super::SourceVersion;
 use super::fetch::{Counters, Pin, retrying, unless_stalled};
+use super::lock;
 use super::options::RemoteOptions;
-use super::options::{lock, read_ca_bundle, show_duration};
+use super::options::{read_ca_bundle, show_duration};
+use super::part_cache::{PartKey, SourcePartCache, SourcePartCacheStats};
 use super::parts::{BlockCache, Claim, FetchError, Lookup, PartStats};
 use super::runtime::runtime;
 use super::s3::{classify, pin_of, store_get};
-use crate::cache::source_parts::{PartKey, SourcePartCache, SourcePartCacheStats};
 use crate::error::{Error, ErrorKind, Result, err};
 
 /// Whether `s` names a remote source (a URL scheme this layer reads).

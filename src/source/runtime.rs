@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::options::lock;
+use super::lock;
 
 struct Rt {
     runtime: Option<Arc<tokio::runtime::Runtime>>,
