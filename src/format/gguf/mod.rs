@@ -98,6 +98,12 @@ impl GgufFile {
     }
 }
 
+/// [`crate::format::Detect`] for GGUF. (A reader of split GGUF sets, which
+/// are GGUF too, would be listed before this one.)
+pub fn is_gguf(_src: &SourceFile, head: &[u8]) -> Result<bool> {
+    Ok(head.starts_with(GGUF_MAGIC))
+}
+
 /// Check an alignment value (from `general.alignment` or a writer's caller).
 pub fn check_alignment(alignment: u64) -> Result<()> {
     if alignment == 0 || !alignment.is_power_of_two() || alignment > MAX_ALIGNMENT {
