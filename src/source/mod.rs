@@ -8,7 +8,11 @@
 //!     opened ([`SourceVersion`]);
 //!   - `remote`: an object at an `http(s)://` or `s3://` URL, read by
 //!     conditional ranged GETs pinned to the version seen at open, in
-//!     aligned parts cached in memory (`parts`).
+//!     aligned parts cached in memory (`parts`) and optionally on disk
+//!     (`part_cache`, in a private directory: `cache_dir`). Below it, and
+//!     never using it: the fetch backends `http` (reqwest) and `s3`
+//!     (object_store), what they share (`fetch`: the pin, retries within a
+//!     deadline, stalls, blocks), `options` and the tokio `runtime`.
 //! - [`SourceVersion`]: the identity of one version of a source file
 //!   (device, inode, size, mtime, ctime). It is a small plain value: it
 //!   prints, compares and hashes, so it can key a cache of decoded files or
