@@ -27,7 +27,7 @@ mod sketch;
 pub use dense::DenseBackend;
 pub use layered::LayeredBackend;
 pub(crate) use layered::is_lossy_vocab;
-pub use open::{ParsedFile, assemble, open, open_parts, open_single};
+pub use open::{ParsedFile, READERS, Reader, assemble, open, open_parts, open_single, reader_of};
 pub use rknot::RknotBackend;
 pub use sketch::SketchBackend;
 

@@ -1,15 +1,16 @@
-//! Open any supported file by sniffing its first bytes.
+//! Open any supported file by sniffing its first bytes: the table of
+//! readers ([`READERS`]), the one place a kind of file is registered.
 
 use std::path::Path;
 
 use crate::backend::{Backend, DenseBackend, LayeredBackend, RknotBackend, Role, SketchBackend};
 use crate::error::{ErrorKind, Result, err};
-use crate::format::container::{KNOT_PREFIX_LEN, read_container};
-use crate::format::gguf::GgufFile;
+use crate::format;
+use crate::format::container::{self, KNOT_PREFIX_LEN, read_container};
+use crate::format::gguf::{self, GgufFile};
 use crate::format::knot::DenseKnotFile;
 use crate::format::rknot::RknotFile;
 use crate::format::sk32::Sk32File;
-use crate::format::{self, Magic};
 use crate::source::SourceFile;
 
 /// A file whose header was read and validated, before it becomes a
@@ -21,46 +22,95 @@ pub enum ParsedFile {
     Gguf(SourceFile, GgufFile),
 }
 
+/// A reader of one kind of file, as opening sees it: how its first bytes
+/// are recognised ([`format::Detect`], next to the format's reader) and
+/// how its header is read into a [`ParsedFile`]
+/// ([`ParsedFile::into_backend`] then picks the backend). Every kind of
+/// file opens through this one seam: a new kind (safetensors, a split GGUF
+/// set) is its reader module in `format/`, its [`ParsedFile`] variant and
+/// backend arm, and one entry in [`READERS`]; no other reader changes.
+pub struct Reader {
+    /// The kind's name, for people (the formats a kind yields are
+    /// `FileFormat`s).
+    pub name: &'static str,
+    pub detect: format::Detect,
+    /// Read and validate the header of `src`; `path` is the path or URL
+    /// it was opened by.
+    pub parse: fn(&Path, SourceFile) -> Result<ParsedFile>,
+}
+
+/// Every reader, tried in this order: the first whose `detect` says yes
+/// reads the file. Their magics are disjoint; a reader that refines
+/// another (split GGUF sets are GGUF) goes before it.
+pub const READERS: &[Reader] = &[
+    Reader {
+        name: "rknot",
+        detect: format::is_rknot,
+        parse: |_, src| {
+            let f = RknotFile::read(&src)?;
+            Ok(ParsedFile::Rknot(src, f))
+        },
+    },
+    Reader {
+        name: "knot",
+        detect: container::is_knot,
+        parse: parse_knot,
+    },
+    Reader {
+        name: "gguf",
+        detect: gguf::is_gguf,
+        parse: |_, src| {
+            let g = GgufFile::read(&src)?;
+            Ok(ParsedFile::Gguf(src, g))
+        },
+    },
+];
+
+/// The reader of `src`, from its first bytes.
+pub fn reader_of(src: &SourceFile) -> Result<&'static Reader> {
+    let mut head = [0u8; format::HEAD_BYTES];
+    let n = format::read_head(src, &mut head)?;
+    let head = &head[..n];
+    for r in READERS {
+        if (r.detect)(src, head)? {
+            return Ok(r);
+        }
+    }
+    Err(format::bad_magic(src.path(), head))
+}
+
+/// One KNOT container: SK32 (a `sketches` map) or dense .knot (a `tensors`
+/// map).
+fn parse_knot(path: &Path, src: SourceFile) -> Result<ParsedFile> {
+    let c = read_container(&src)?;
+    match (c.has_sketches(), c.has_tensors()) {
+        (true, false) => {
+            let f = Sk32File::from_container(&src, &c)?;
+            Ok(ParsedFile::Sk32(src, f))
+        }
+        (false, true) => {
+            let f = DenseKnotFile::from_container(&src, &c)?;
+            Ok(ParsedFile::DenseKnot(src, f))
+        }
+        (both, _) => Err(err(
+            ErrorKind::BadJson,
+            if both {
+                "KNOT meta has both a \"sketches\" and a \"tensors\" map"
+            } else {
+                "KNOT meta has neither a \"sketches\" map (SK32) nor a \
+                 \"tensors\" map (dense .knot)"
+            },
+        )
+        .path(path)
+        .at(KNOT_PREFIX_LEN)),
+    }
+}
+
 impl ParsedFile {
     /// Sniff `path` and read its header.
     pub fn open(path: &Path) -> Result<ParsedFile> {
         let src = SourceFile::open(path)?;
-        Ok(match format::sniff(&src)? {
-            Magic::Rknot => {
-                let f = RknotFile::read(&src)?;
-                ParsedFile::Rknot(src, f)
-            }
-            Magic::Gguf => {
-                let g = GgufFile::read(&src)?;
-                ParsedFile::Gguf(src, g)
-            }
-            Magic::Knot => {
-                let c = read_container(&src)?;
-                match (c.has_sketches(), c.has_tensors()) {
-                    (true, false) => {
-                        let f = Sk32File::from_container(&src, &c)?;
-                        ParsedFile::Sk32(src, f)
-                    }
-                    (false, true) => {
-                        let f = DenseKnotFile::from_container(&src, &c)?;
-                        ParsedFile::DenseKnot(src, f)
-                    }
-                    (both, _) => {
-                        return Err(err(
-                            ErrorKind::BadJson,
-                            if both {
-                                "KNOT meta has both a \"sketches\" and a \"tensors\" map"
-                            } else {
-                                "KNOT meta has neither a \"sketches\" map (SK32) nor a \
-                                 \"tensors\" map (dense .knot)"
-                            },
-                        )
-                        .path(path)
-                        .at(KNOT_PREFIX_LEN));
-                    }
-                }
-            }
-        })
+        (reader_of(&src)?.parse)(path, src)
     }
 
     /// The backend serving this file in `role`.
@@ -140,4 +190,44 @@ pub fn assemble(
         return Ok(primary);
     }
     Ok(Box::new(LayeredBackend::new(primary, fallback)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn bad_magic_prints_path_and_bytes() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(b"PK\x03\x04zz").unwrap();
+        let e = reader_of(&SourceFile::open(f.path()).unwrap())
+            .map(|r| r.name)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BadMagic);
+        let s = e.to_string();
+        assert!(s.contains("[80, 75, 3, 4, 122, 122]"), "{s}");
+        assert!(s.contains(&f.path().display().to_string()), "{s}");
+    }
+
+    #[test]
+    fn sniffs_short_and_versioned() {
+        for (bytes, want) in [
+            (&b"GGUF\x03\x00"[..], Ok("gguf")),
+            (b"KNOT\x01\x00", Ok("knot")),
+            (b"RKNOT\x02", Ok("rknot")),
+            (b"RKNOT\x03", Ok("rknot")),
+            (b"RKNOT\x04", Err(ErrorKind::UnsupportedVersion)),
+            (b"", Err(ErrorKind::BadMagic)),
+            (b"GG", Err(ErrorKind::BadMagic)),
+        ] {
+            let mut f = tempfile::NamedTempFile::new().unwrap();
+            f.write_all(bytes).unwrap();
+            let got = reader_of(&SourceFile::open(f.path()).unwrap())
+                .map(|r| r.name)
+                .map_err(|e| e.kind());
+            assert_eq!(got, want, "{bytes:?}");
+        }
+    }
 }

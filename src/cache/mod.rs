@@ -1,13 +1,12 @@
 //! Caches of the daemon. `decoded`: decoded chunks of tensors (f32),
 //! bounded in bytes, decoded once however many readers miss them; every
 //! read of the mount goes through it. `store`: whole decoded files on disk
-//! (`--decoded-cache`), served by FUSE passthrough. `source_parts`: parts
-//! of remote sources on disk (`--source-cache`), shared by the mounts of a
-//! host. `dir`: the private directory both disk caches live in.
+//! (`--decoded-cache`), served by FUSE passthrough, in the private
+//! directory of `crate::source::cache_dir`. The parts of remote sources on
+//! disk (`--source-cache`) are the remote source's own cache:
+//! `crate::source::part_cache`, below this module.
 
 mod decoded;
-mod dir;
-pub mod source_parts;
 pub mod store;
 
 use std::sync::{Mutex, MutexGuard};

@@ -60,10 +60,10 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::dir::{CacheDir, last_os_error};
 use super::lock;
 use crate::error::{Error, ErrorKind, Result, err};
 use crate::source::SourceVersion;
+use crate::source::cache_dir::{CacheDir, last_os_error};
 
 /// Version of the entry layout (data + sidecar), part of every key. 2: a
 /// remote source is named by its identity (`SourceFile::cache_identity`),

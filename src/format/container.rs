@@ -25,6 +25,12 @@ pub const KNOT_MAGIC: &[u8; 4] = b"KNOT";
 pub const KNOT_VERSION: u16 = 1;
 /// Bytes before the meta JSON: magic, version, meta_len.
 pub const KNOT_PREFIX_LEN: u64 = 10;
+
+/// [`crate::format::Detect`] for the KNOT container (SK32 and dense .knot).
+pub fn is_knot(_src: &SourceFile, head: &[u8]) -> Result<bool> {
+    Ok(head.starts_with(KNOT_MAGIC))
+}
+
 /// Codec byte value for a raw (uncompressed) payload.
 pub const CODEC_RAW: u8 = 0;
 /// Largest meta JSON we read (it is read into memory whole). A dense .knot

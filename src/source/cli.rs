@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::remote::RemoteOptions;
+use super::options::RemoteOptions;
 
 /// How remote (`s3://`, `http(s)://`) sources are reached and cached.
 #[derive(Args, Debug, Clone, Default, PartialEq)]
@@ -91,7 +91,7 @@ pub fn check_retries(n: u32) -> Result<u32, String> {
 }
 
 pub fn check_deadline(secs: f64) -> Result<f64, String> {
-    let max = super::remote::MAX_DEADLINE.as_secs_f64();
+    let max = super::options::MAX_DEADLINE.as_secs_f64();
     if !(secs.is_finite() && secs >= 0.1 && secs <= max) {
         return Err(format!("{secs} s: a deadline is 0.1..={max} seconds"));
     }

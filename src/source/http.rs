@@ -21,7 +21,8 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_RANGE, ETAG, HeaderMap, IF_MATCH, LAST_MODIFIED, RANGE};
 
 use super::FileTime;
-use super::remote::{Attempt, Pin, RANGE_IGNORED, RemoteOptions, pin_changes, unless_stalled};
+use super::fetch::{Attempt, BlockSplitter, Pin, RANGE_IGNORED, pin_changes, unless_stalled};
+use super::options::RemoteOptions;
 use crate::error::ErrorKind;
 
 /// A client for the current runtime, with the options' timeouts and extra
@@ -60,11 +61,11 @@ fn redirect_policy() -> reqwest::redirect::Policy {
     reqwest::redirect::Policy::custom(|attempt| {
         let next = attempt.url();
         if !matches!(next.scheme(), "http" | "https") {
-            let shown = super::remote::redact(next.as_str());
+            let shown = super::identity::redact(next.as_str());
             return attempt.error(RedirectRefused(not_http(&shown)));
         }
         if attempt.previous().iter().any(|u| u == next) {
-            let shown = super::remote::redact(next.as_str());
+            let shown = super::identity::redact(next.as_str());
             return attempt.error(RedirectRefused(format!(
                 "redirect loop: it redirects back to {shown}, where it has been already"
             )));
@@ -104,11 +105,11 @@ fn redirect_not_followed(status: StatusCode, headers: &HeaderMap) -> Attempt {
         .map(str::trim);
     let m = match location {
         Some(l) if !is_http(l) && l.contains(':') => {
-            format!("HTTP {code}: {}", not_http(&super::remote::redact(l)))
+            format!("HTTP {code}: {}", not_http(&super::identity::redact(l)))
         }
         Some(l) => format!(
             "HTTP {code}: a redirect that was not followed (to {})",
-            super::remote::redact(l)
+            super::identity::redact(l)
         ),
         None => format!("HTTP {code}: a redirect without a Location header"),
     };
@@ -207,74 +208,6 @@ pub(crate) async fn get_range(
         blocks.push(&chunk)?;
     }
     Ok((blocks.finish()?, final_url))
-}
-
-/// Cuts a response body into blocks of the cache's size as it arrives:
-/// each block its own allocation (so the memory cache's byte count is what
-/// it holds, whichever blocks it evicts), one copy of every byte in all.
-pub(crate) struct BlockSplitter {
-    block: usize,
-    expect: u64,
-    got: u64,
-    current: bytes::BytesMut,
-    done: Vec<Bytes>,
-}
-
-impl BlockSplitter {
-    pub(crate) fn new(block: u64, expect: u64) -> BlockSplitter {
-        let block = usize::try_from(block).unwrap_or(usize::MAX).max(1);
-        BlockSplitter {
-            block,
-            expect,
-            got: 0,
-            current: bytes::BytesMut::new(),
-            done: Vec::new(),
-        }
-    }
-
-    /// Take the next piece of the body; more bytes than asked for is an
-    /// error (never trusted, never stored).
-    pub(crate) fn push(&mut self, mut chunk: &[u8]) -> Result<(), Attempt> {
-        self.got += chunk.len() as u64;
-        if self.got > self.expect {
-            return Err(Attempt::Final(
-                ErrorKind::Io,
-                format!(
-                    "the body is longer than the {} bytes asked for",
-                    self.expect
-                ),
-            ));
-        }
-        while !chunk.is_empty() {
-            if self.current.is_empty() {
-                let left = self.expect - (self.got - chunk.len() as u64);
-                let cap = (self.block as u64).min(left);
-                self.current
-                    .reserve(usize::try_from(cap).unwrap_or(self.block));
-            }
-            let n = (self.block - self.current.len()).min(chunk.len());
-            self.current.extend_from_slice(&chunk[..n]);
-            chunk = &chunk[n..];
-            if self.current.len() == self.block {
-                self.done.push(std::mem::take(&mut self.current).freeze());
-            }
-        }
-        Ok(())
-    }
-
-    /// The blocks, once the body is complete; a short body is retried.
-    pub(crate) fn finish(mut self) -> Result<Vec<Bytes>, Attempt> {
-        if self.got != self.expect {
-            return Err(Attempt::Retry(format!(
-                "truncated body: {} of {} bytes",
-                self.got, self.expect
-            )));
-        }
-        if !self.current.is_empty() {
-            self.done.push(self.current.freeze());
-        }
-        Ok(self.done)
-    }
 }
 
 /// The first bytes of the object, up to `want_len`, and its version: how a

@@ -8,7 +8,11 @@
 //!     opened ([`SourceVersion`]);
 //!   - `remote`: an object at an `http(s)://` or `s3://` URL, read by
 //!     conditional ranged GETs pinned to the version seen at open, in
-//!     aligned parts cached in memory (`parts`).
+//!     aligned parts cached in memory (`parts`) and optionally on disk
+//!     (`part_cache`, in a private directory: `cache_dir`). Below it, and
+//!     never using it: the fetch backends `http` (reqwest) and `s3`
+//!     (object_store), what they share (`fetch`: the pin, retries within a
+//!     deadline, stalls, blocks), `options` and the tokio `runtime`.
 //! - [`SourceVersion`]: the identity of one version of a source file
 //!   (device, inode, size, mtime, ctime). It is a small plain value: it
 //!   prints, compares and hashes, so it can key a cache of decoded files or
@@ -22,27 +26,41 @@
 //! source is seen changed, nothing more is read from it.
 
 mod argv;
+pub(crate) mod cache_dir;
 pub mod cli;
+mod fetch;
 mod http;
 mod identity;
 mod local;
+mod options;
+pub mod part_cache;
 mod parts;
 mod remote;
+mod runtime;
 mod s3;
 pub mod upload;
 
 use std::fmt;
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use crate::error::{ErrorKind, Result, err};
 pub use argv::hide_url_secrets_in_argv;
+pub use fetch::Pin;
 use local::LocalFile;
+pub use options::RemoteOptions;
 pub use parts::PartStats;
 use remote::RemoteFile;
-pub use remote::{
-    DiskCacheStats, Pin, RemoteOptions, RemoteStats, is_remote, redact, stop_runtime,
-};
+pub use remote::{DiskCacheStats, RemoteStats, is_remote, redact};
+pub use runtime::stop_runtime;
+
+/// Lock a mutex whose data stays consistent even if a holder panicked (as
+/// `cache::lock`, which is above this module): every lock here guards
+/// state each mutation leaves whole.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// An open, read-only model file (local or remote) and the version it had
 /// when opened. Readers hold this type and never know where bytes come

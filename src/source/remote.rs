@@ -21,35 +21,40 @@
 //!   jitter, on everything that is not a definite answer (timeouts,
 //!   connection errors and resets, truncated bodies, 5xx, 429): its retry
 //!   loop is not observable from outside (its error type is private), and
-//!   the counters in `ctl` must say how many retries happened. Definite
-//!   answers (401, 403, 404, 412, other 4xx, Range ignored) are not retried.
+//!   the counters in `ctl` must say how many retries happened (the loop,
+//!   shared by both backends, is in `source::fetch`). Definite answers
+//!   (401, 403, 404, 412, other 4xx, Range ignored) are not retried.
 //! - Runtime: one small multi-thread tokio runtime for the process, created
 //!   on first use and driven by `block_on` from the synchronous readers.
-//!   [`stop_runtime`] shuts it down before the mount daemon forks; the next
-//!   use creates a new one, and each source rebuilds its client for it.
+//!   [`stop_runtime`](super::stop_runtime) (`source::runtime`) shuts it
+//!   down before the mount daemon forks; the next use creates a new one,
+//!   and each source rebuilds its client for it.
 //!
 //! URLs are printed redacted ([`redact`]: no userinfo, no query string, no
 //! fragment). URLs with a query string (presigned URLs) are refused for now:
 //! the HTTP store cannot carry one.
 
 use std::fmt;
-use std::future::Future;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use futures::StreamExt;
 use object_store::path::Path as ObjPath;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest, Sha256};
 
-use super::http::BlockSplitter;
+use super::SourceVersion;
+use super::fetch::{Counters, Pin, retrying, unless_stalled};
+use super::lock;
+use super::options::RemoteOptions;
+use super::options::{read_ca_bundle, show_duration};
+use super::part_cache::{PartKey, SourcePartCache, SourcePartCacheStats};
 use super::parts::{BlockCache, Claim, FetchError, Lookup, PartStats};
-use super::{FileTime, SourceVersion};
-use crate::cache::source_parts::{PartKey, SourcePartCache, SourcePartCacheStats};
+use super::runtime::runtime;
+use super::s3::{classify, pin_of, store_get};
 use crate::error::{Error, ErrorKind, Result, err};
 
 /// Whether `s` names a remote source (a URL scheme this layer reads).
@@ -62,224 +67,6 @@ pub fn is_remote(s: &str) -> bool {
 // What may be printed of a URL; defined with the identity, which needs
 // it and nothing else of this module.
 pub use super::identity::redact;
-
-/// How remote sources fetch and cache.
-#[derive(Debug, Clone)]
-pub struct RemoteOptions {
-    /// Bytes per part (the unit of fetching and caching). 8 MiB: a ranged
-    /// GET costs a round trip plus time to first byte (tens of ms on S3),
-    /// so parts must be large for that to stay small beside the transfer
-    /// (8 MiB at 100 MB/s is 80 ms), and small enough that reading one
-    /// small tensor does not pull much more than it; S3's own guidance for
-    /// ranged GETs is 8-16 MiB; and most model headers (tokenizer included)
-    /// fit in the first part, so open costs one GET after the HEAD.
-    pub part_size: u64,
-    /// Bytes of parts kept in memory per source.
-    pub cache_bytes: u64,
-    /// Retries of one request before its read fails.
-    pub max_retries: u32,
-    /// Backoff before the first retry (doubling, capped at 5 s, jittered).
-    pub backoff: Duration,
-    /// Timeout of one request (connect to the end of the body).
-    pub timeout: Duration,
-    /// The longest one fetch of remote data may take, every attempt and
-    /// backoff included (`--remote-deadline`): past it the read fails with
-    /// EIO. Bounds how long a reader (and the FUSE request it serves) waits
-    /// on a server that stalls or never answers.
-    pub deadline: Duration,
-    /// The longest opening may take (the first GET, or the HEAD), every
-    /// attempt included: at most [`RemoteOptions::deadline`]. Short, so
-    /// that a mount against a dead server fails in seconds.
-    pub open_deadline: Duration,
-    /// An attempt that receives nothing for this long (no response head,
-    /// or a body that stops) is abandoned and retried within the deadline:
-    /// at most half the deadline it runs under, so that one retry fits.
-    pub stall_timeout: Duration,
-    /// Part fetches in flight at once per source (read-ahead and the parts
-    /// of one large read).
-    pub max_in_flight: usize,
-    /// The largest sequential read-ahead window, in bytes.
-    pub readahead_max: u64,
-    /// S3 endpoint (S3-compatible stores), overriding `AWS_ENDPOINT_URL`.
-    pub endpoint: Option<String>,
-    /// A PEM bundle of extra CA certificates trusted for https (added to
-    /// the system's roots; verification is never turned off).
-    pub ca_bundle: Option<PathBuf>,
-    /// The persistent disk cache of parts (`--source-cache DIR`), if any.
-    pub source_cache: Option<PathBuf>,
-    /// Its size limit in bytes.
-    pub source_cache_bytes: u64,
-}
-
-impl Default for RemoteOptions {
-    fn default() -> Self {
-        RemoteOptions {
-            part_size: 8 << 20,
-            cache_bytes: 256 << 20,
-            max_retries: 5,
-            backoff: Duration::from_millis(100),
-            timeout: Duration::from_secs(60),
-            deadline: Duration::from_secs(30),
-            open_deadline: Duration::from_secs(10),
-            stall_timeout: Duration::from_secs(10),
-            max_in_flight: 8,
-            readahead_max: 64 << 20,
-            endpoint: None,
-            ca_bundle: None,
-            source_cache: None,
-            source_cache_bytes: 10 << 30,
-        }
-    }
-}
-
-/// The options set by the program's flags ([`RemoteOptions::set_current`]).
-static CURRENT: Mutex<Option<RemoteOptions>> = Mutex::new(None);
-
-impl RemoteOptions {
-    /// The options every [`super::SourceFile::open`] of a URL uses: those
-    /// set by [`RemoteOptions::set_current`] (the command line), else
-    /// [`RemoteOptions::from_env`].
-    pub fn current() -> RemoteOptions {
-        lock(&CURRENT)
-            .clone()
-            .unwrap_or_else(RemoteOptions::from_env)
-    }
-
-    /// Set the options of every later open of a URL in this process (once,
-    /// from the command line, before any source is opened).
-    pub fn set_current(opts: RemoteOptions) {
-        *lock(&CURRENT) = Some(opts);
-    }
-
-    /// The defaults, with overrides from `RKNOT_REMOTE_PART_SIZE`,
-    /// `RKNOT_REMOTE_CACHE_BYTES`, `RKNOT_REMOTE_RETRIES`,
-    /// `RKNOT_REMOTE_BACKOFF_MS`, `RKNOT_REMOTE_TIMEOUT_S`,
-    /// `RKNOT_REMOTE_DEADLINE_S`, `RKNOT_REMOTE_OPEN_DEADLINE_S`,
-    /// `RKNOT_REMOTE_STALL_S` (seconds, fractions allowed),
-    /// `RKNOT_SOURCE_CACHE` (a directory) and `RKNOT_SOURCE_CACHE_BYTES`.
-    /// Unparsable values are ignored.
-    pub fn from_env() -> RemoteOptions {
-        let num = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        let secs = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .filter(|d| !d.is_zero() && *d <= MAX_DEADLINE)
-        };
-        let d = RemoteOptions::default();
-        RemoteOptions {
-            deadline: secs("RKNOT_REMOTE_DEADLINE_S").unwrap_or(d.deadline),
-            open_deadline: secs("RKNOT_REMOTE_OPEN_DEADLINE_S").unwrap_or(d.open_deadline),
-            stall_timeout: secs("RKNOT_REMOTE_STALL_S").unwrap_or(d.stall_timeout),
-            part_size: num("RKNOT_REMOTE_PART_SIZE")
-                .filter(|&n| n >= 4096)
-                .unwrap_or(d.part_size),
-            cache_bytes: num("RKNOT_REMOTE_CACHE_BYTES").unwrap_or(d.cache_bytes),
-            max_retries: num("RKNOT_REMOTE_RETRIES")
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(d.max_retries),
-            backoff: num("RKNOT_REMOTE_BACKOFF_MS").map_or(d.backoff, Duration::from_millis),
-            timeout: num("RKNOT_REMOTE_TIMEOUT_S")
-                .filter(|&n| n > 0)
-                .map_or(d.timeout, Duration::from_secs),
-            source_cache: std::env::var_os("RKNOT_SOURCE_CACHE")
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
-            source_cache_bytes: num("RKNOT_SOURCE_CACHE_BYTES")
-                .filter(|&n| n > 0)
-                .unwrap_or(d.source_cache_bytes),
-            ..d
-        }
-    }
-}
-
-/// The longest deadline accepted (`--remote-deadline`, the environment).
-pub const MAX_DEADLINE: Duration = Duration::from_secs(3600);
-
-impl RemoteOptions {
-    /// The budget of opening: the open deadline, within the read deadline.
-    pub(crate) fn open_budget(&self) -> Duration {
-        self.open_deadline.min(self.deadline)
-    }
-
-    /// How long an attempt under a budget of `budget` may receive nothing
-    /// before it is abandoned: the stall timeout, at most half the budget.
-    pub(crate) fn stall_within(&self, budget: Duration) -> Duration {
-        self.stall_timeout
-            .min(budget / 2)
-            .max(Duration::from_millis(10))
-    }
-}
-
-/// `d` as people read it: "30 s", "2.5 s", "150 ms".
-pub(crate) fn show_duration(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
-        format!("{} ms", d.as_millis())
-    } else if d.subsec_millis() == 0 {
-        format!("{} s", d.as_secs())
-    } else {
-        format!("{:.1} s", d.as_secs_f64())
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The runtime
-
-struct Rt {
-    runtime: Option<Arc<tokio::runtime::Runtime>>,
-    generation: u64,
-}
-
-static RUNTIME: Mutex<Rt> = Mutex::new(Rt {
-    runtime: None,
-    generation: 0,
-});
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The process's remote-I/O runtime and its generation (which changes each
-/// time one is created).
-fn runtime() -> std::result::Result<(Arc<tokio::runtime::Runtime>, u64), String> {
-    let mut rt = lock(&RUNTIME);
-    if let Some(r) = &rt.runtime {
-        return Ok((r.clone(), rt.generation));
-    }
-    let r = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("rknot-remote")
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the remote I/O runtime: {e}"))?;
-    let r = Arc::new(r);
-    rt.generation += 1;
-    rt.runtime = Some(r.clone());
-    Ok((r, rt.generation))
-}
-
-/// Shut the remote-I/O runtime down (its threads joined), e.g. before a
-/// `fork`: a forked child has none of its threads. Remote sources opened
-/// before keep working: the next request starts a new runtime and a new
-/// client. Returns whether a runtime was running.
-pub fn stop_runtime() -> bool {
-    let taken = lock(&RUNTIME).runtime.take();
-    match taken {
-        Some(r) => {
-            match Arc::try_unwrap(r) {
-                Ok(r) => r.shutdown_timeout(Duration::from_secs(2)),
-                Err(r) => drop(r),
-            }
-            true
-        }
-        None => false,
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Where the object is
@@ -339,63 +126,6 @@ fn build_store(
 }
 
 // ---------------------------------------------------------------------------
-// The pinned version
-
-/// The version of an object that a source serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pin {
-    pub etag: Option<String>,
-    pub size: u64,
-    /// Last-Modified (the epoch when the server sent none).
-    pub last_modified: FileTime,
-}
-
-impl fmt::Display for Pin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.etag {
-            Some(e) => write!(f, "etag {e}, {} bytes", self.size),
-            None => write!(
-                f,
-                "{} bytes, last-modified {} (no etag)",
-                self.size, self.last_modified
-            ),
-        }
-    }
-}
-
-fn pin_of(meta: &object_store::ObjectMeta) -> Pin {
-    Pin {
-        etag: meta.e_tag.clone(),
-        size: meta.size,
-        last_modified: FileTime {
-            secs: meta.last_modified.timestamp(),
-            nanos: meta.last_modified.timestamp_subsec_nanos(),
-        },
-    }
-}
-
-/// What differs between the pinned version and what a response says; None
-/// when it is the same version.
-pub(crate) fn pin_changes(pin: &Pin, now: &Pin) -> Option<String> {
-    let mut d = Vec::new();
-    if let (Some(a), Some(b)) = (&pin.etag, &now.etag)
-        && a != b
-    {
-        d.push(format!("etag {a} -> {b}"));
-    }
-    if pin.size != now.size {
-        d.push(format!("size {} -> {} bytes", pin.size, now.size));
-    }
-    if pin.etag.is_none() && pin.last_modified != now.last_modified {
-        d.push(format!(
-            "last-modified {} -> {}",
-            pin.last_modified, now.last_modified
-        ));
-    }
-    (!d.is_empty()).then(|| d.join(", "))
-}
-
-// ---------------------------------------------------------------------------
 // Counters
 
 /// One source's use of the disk cache, and the cache's own state (shared
@@ -432,104 +162,6 @@ pub struct RemoteStats {
     /// The disk cache (`--source-cache`), if any.
     pub disk: Option<DiskCacheStats>,
     pub changed: bool,
-}
-
-#[derive(Default)]
-struct Counters {
-    bytes_fetched: AtomicU64,
-    requests: AtomicU64,
-    retries: AtomicU64,
-    failures: AtomicU64,
-    readahead_bytes: AtomicU64,
-    disk_hits: AtomicU64,
-    disk_misses: AtomicU64,
-}
-
-/// One request's failure: a definite answer, or one worth retrying.
-pub(crate) enum Attempt {
-    Final(ErrorKind, String),
-    Retry(String),
-}
-
-pub(crate) const RANGE_IGNORED: &str = "the server ignored the Range header (it answered 200 with the \
-    whole object instead of 206 with the bytes asked for): refused, since every read would \
-    download the whole object; serve it from a server that supports ranged GETs";
-
-/// The HTTP status in an object_store error message, if any.
-fn status_in(msg: &str) -> Option<u16> {
-    let i = msg.find("status code: ")? + "status code: ".len();
-    msg.get(i..i + 3)?.parse().ok()
-}
-
-fn short(msg: String) -> String {
-    const MAX: usize = 400;
-    if msg.len() <= MAX {
-        return msg;
-    }
-    let mut end = MAX;
-    while !msg.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &msg[..end])
-}
-
-fn classify(e: object_store::Error) -> Attempt {
-    use object_store::Error as E;
-    match e {
-        E::NotFound { .. } => Attempt::Final(ErrorKind::Io, "HTTP 404: no such object".into()),
-        E::PermissionDenied { .. } => Attempt::Final(
-            ErrorKind::Io,
-            "HTTP 403: access denied (check the credentials)".into(),
-        ),
-        E::Unauthenticated { .. } => Attempt::Final(
-            ErrorKind::Io,
-            "HTTP 401: not authenticated (check the credentials)".into(),
-        ),
-        E::Precondition { .. } => Attempt::Final(
-            ErrorKind::Changed,
-            "HTTP 412: the object no longer has the pinned etag".into(),
-        ),
-        E::NotSupported { source } if source.to_string().contains("Range") => {
-            Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into())
-        }
-        other => {
-            let mut msg = other.to_string();
-            let mut src = std::error::Error::source(&other);
-            while let Some(s) = src {
-                let t = s.to_string();
-                if !msg.contains(&t) {
-                    msg = format!("{msg}: {t}");
-                }
-                src = s.source();
-            }
-            if msg.contains("non-partial response") {
-                return Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into());
-            }
-            match status_in(&msg) {
-                Some(s) if (400..500).contains(&s) && s != 408 && s != 429 => {
-                    Attempt::Final(ErrorKind::Io, short(msg))
-                }
-                _ => Attempt::Retry(short(msg)),
-            }
-        }
-    }
-}
-
-/// A number in [0, 1) for jitter: xorshift over a process-wide state.
-fn jitter() -> f64 {
-    static STATE: AtomicU64 = AtomicU64::new(0);
-    let mut x = STATE.load(Ordering::Relaxed);
-    if x == 0 {
-        x = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
-            | 1;
-    }
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    STATE.store(x, Ordering::Relaxed);
-    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 // ---------------------------------------------------------------------------
@@ -659,148 +291,6 @@ fn build_client(
         Target::Http => Client::Http(super::http::client(opts, ca_pem)?),
         Target::S3 { bucket } => Client::Store(build_store(bucket, opts)?),
     })
-}
-
-/// Run one request (`what` names it in errors) with bounded retries,
-/// backoff and jitter, counting requests, retries and failures, all of it
-/// within `budget`: an attempt still under way when the budget runs out is
-/// abandoned, and no retry starts that its backoff would push past it.
-async fn retrying<T, F, Fut>(
-    counters: &Counters,
-    opts: &RemoteOptions,
-    display: &Path,
-    what: &str,
-    budget: Duration,
-    op: F,
-) -> std::result::Result<T, FetchError>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = std::result::Result<T, Attempt>>,
-{
-    let deadline = tokio::time::Instant::now() + budget;
-    let mut attempt = 0u32;
-    let mut last: Option<String> = None;
-    loop {
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-        let outcome = match tokio::time::timeout_at(deadline, op()).await {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                counters.failures.fetch_add(1, Ordering::Relaxed);
-                let before = last.map_or(String::new(), |m| format!("; before: {m}"));
-                return Err((
-                    ErrorKind::Io,
-                    format!(
-                        "{what}: no complete answer within the {} deadline, {} attempt(s){before}",
-                        show_duration(budget),
-                        attempt + 1
-                    ),
-                ));
-            }
-        };
-        match outcome {
-            Ok(v) => return Ok(v),
-            Err(Attempt::Final(kind, m)) => {
-                counters.failures.fetch_add(1, Ordering::Relaxed);
-                return Err((kind, format!("{what}: {m}")));
-            }
-            Err(Attempt::Retry(m)) if attempt >= opts.max_retries => {
-                counters.failures.fetch_add(1, Ordering::Relaxed);
-                return Err((
-                    ErrorKind::Io,
-                    format!("{what}: {m} (gave up after {attempt} retries)"),
-                ));
-            }
-            Err(Attempt::Retry(m)) => {
-                let exp = opts
-                    .backoff
-                    .saturating_mul(1u32 << attempt.min(16))
-                    .min(Duration::from_secs(5));
-                // Equal jitter: half fixed, half random.
-                let sleep = exp / 2 + exp.mul_f64(jitter() / 2.0);
-                if tokio::time::Instant::now() + sleep >= deadline {
-                    counters.failures.fetch_add(1, Ordering::Relaxed);
-                    return Err((
-                        ErrorKind::Io,
-                        format!(
-                            "{what}: {m} (gave up after {attempt} retries: the {} deadline \
-                             leaves no time for another)",
-                            show_duration(budget)
-                        ),
-                    ));
-                }
-                crate::logging::throttled!(
-                    log::Level::Warn,
-                    &format!("retries of {}", display.display()),
-                    "{}: {what}: {m}; retry {} of {} in {} ms",
-                    display.display(),
-                    attempt + 1,
-                    opts.max_retries,
-                    sleep.as_millis()
-                );
-                counters.retries.fetch_add(1, Ordering::Relaxed);
-                attempt += 1;
-                last = Some(m);
-                tokio::time::sleep(sleep).await;
-            }
-        }
-    }
-}
-
-/// `fut`, abandoned (a retry) when it gives nothing for `stall`.
-pub(crate) async fn unless_stalled<T>(
-    stall: Duration,
-    waiting_for: &str,
-    fut: impl Future<Output = std::result::Result<T, Attempt>>,
-) -> std::result::Result<T, Attempt> {
-    match tokio::time::timeout(stall, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(Attempt::Retry(format!(
-            "stalled: no {waiting_for} for {}",
-            show_duration(stall)
-        ))),
-    }
-}
-
-/// One ranged GET through object_store, checked against the pin.
-async fn store_get(
-    store: &dyn ObjectStore,
-    location: &ObjPath,
-    want: Range<u64>,
-    block: u64,
-    pin: &Pin,
-    if_match: Option<String>,
-    stall: Duration,
-) -> std::result::Result<Vec<Bytes>, Attempt> {
-    let opts = GetOptions {
-        range: Some(GetRange::Bounded(want.clone())),
-        if_match,
-        ..GetOptions::default()
-    };
-    let res = unless_stalled(stall, "response", async {
-        store.get_opts(location, opts).await.map_err(classify)
-    })
-    .await?;
-    if let Some(d) = pin_changes(pin, &pin_of(&res.meta)) {
-        return Err(Attempt::Final(ErrorKind::Changed, d));
-    }
-    if res.range != want {
-        return Err(Attempt::Final(
-            ErrorKind::Io,
-            format!(
-                "the server answered bytes {}-{} instead",
-                res.range.start,
-                res.range.end.saturating_sub(1)
-            ),
-        ));
-    }
-    let mut blocks = BlockSplitter::new(block, want.end - want.start);
-    let mut body = res.into_stream();
-    while let Some(chunk) =
-        unless_stalled(stall, "bytes of the body", async { Ok(body.next().await) }).await?
-    {
-        blocks.push(&chunk.map_err(classify)?)?;
-    }
-    blocks.finish()
 }
 
 impl RemoteFile {
@@ -1050,27 +540,6 @@ fn shared_disk_cache(dir: &Path, limit: u64) -> Result<Arc<SourcePartCache>> {
     let c = SourcePartCache::open(dir, limit)?;
     caches.push((dir.to_path_buf(), c.clone()));
     Ok(c)
-}
-
-/// The bytes of a CA bundle (`--ca-bundle`), for every client (http(s),
-/// s3, uploads): at most 16 MiB (a bundle of every public CA is ~250 KB)
-/// and at least one PEM certificate, else an error naming the file.
-pub(crate) fn read_ca_bundle(path: &Path) -> std::result::Result<Vec<u8>, String> {
-    use std::io::Read;
-    let shown = crate::text::escape(&path.to_string_lossy()).to_string();
-    let mut pem = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(16 << 20).read_to_end(&mut pem))
-        .map_err(|e| format!("CA bundle {shown}: {e}"))?;
-    match reqwest::Certificate::from_pem_bundle(&pem) {
-        Ok(certs) if !certs.is_empty() => Ok(pem),
-        Ok(_) => Err(format!(
-            "CA bundle {shown}: no certificate in it (expected PEM: -----BEGIN CERTIFICATE-----)"
-        )),
-        Err(e) => Err(format!(
-            "CA bundle {shown}: not a PEM bundle of certificates: {e}"
-        )),
-    }
 }
 
 /// A [`SourceVersion`] standing for the pinned version: device 0 (no local
@@ -1538,79 +1007,5 @@ mod tests {
                 .contains("credentials")
         );
         assert!(parse_url("https://h/").is_err());
-    }
-
-    #[test]
-    fn retries_end_at_the_deadline() {
-        let (rt, _) = runtime().unwrap();
-        let opts = RemoteOptions {
-            max_retries: 100,
-            backoff: Duration::from_millis(20),
-            ..RemoteOptions::default()
-        };
-        let c = Counters::default();
-        let shown = Path::new("http://h/m");
-        // An attempt that never completes: abandoned at the deadline.
-        let t = Instant::now();
-        let r: std::result::Result<(), _> = rt.block_on(retrying(
-            &c,
-            &opts,
-            shown,
-            "GET bytes 0-9",
-            Duration::from_millis(150),
-            std::future::pending,
-        ));
-        let (kind, m) = r.unwrap_err();
-        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-        assert_eq!(kind, ErrorKind::Io);
-        assert!(
-            m.contains("GET bytes 0-9") && m.contains("150 ms deadline"),
-            "{m}"
-        );
-        // Attempts that keep failing: no retry starts past the deadline,
-        // however many are allowed.
-        let t = Instant::now();
-        let r: std::result::Result<(), _> = rt.block_on(retrying(
-            &c,
-            &opts,
-            shown,
-            "GET",
-            Duration::from_millis(300),
-            || async { Err(Attempt::Retry("HTTP 503".into())) },
-        ));
-        let (_, m) = r.unwrap_err();
-        assert!(
-            t.elapsed() < Duration::from_millis(300),
-            "{:?}",
-            t.elapsed()
-        );
-        assert!(m.contains("HTTP 503") && m.contains("deadline"), "{m}");
-        assert!(c.retries.load(Ordering::Relaxed) < 100);
-        // A stalled attempt is abandoned as a retry.
-        let r: std::result::Result<(), Attempt> = rt.block_on(unless_stalled(
-            Duration::from_millis(20),
-            "bytes of the body",
-            std::future::pending(),
-        ));
-        assert!(
-            matches!(r, Err(Attempt::Retry(m)) if m.contains("no bytes of the body for 20 ms"))
-        );
-    }
-
-    #[test]
-    fn statuses_and_pins() {
-        assert_eq!(
-            status_in("Server returned non-2xx status code: 503 Service"),
-            Some(503)
-        );
-        let a = Pin {
-            etag: Some("\"a\"".into()),
-            size: 5,
-            last_modified: FileTime { secs: 1, nanos: 0 },
-        };
-        let mut b = a.clone();
-        assert_eq!(pin_changes(&a, &b), None);
-        b.etag = Some("\"b\"".into());
-        assert_eq!(pin_changes(&a, &b).unwrap(), "etag \"a\" -> \"b\"");
     }
 }

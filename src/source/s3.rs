@@ -23,6 +23,7 @@
 //! [`RemoteOptions::ca_bundle`] adds the certificates of a PEM bundle to
 //! the trusted roots (verification is never turned off).
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,15 @@ use std::time::Duration;
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::{Certificate, ClientOptions, ObjectStore, RetryConfig};
 
-use super::remote::RemoteOptions;
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{GetOptions, GetRange};
+
+use super::FileTime;
+use super::fetch::{Attempt, BlockSplitter, Pin, RANGE_IGNORED, pin_changes, unless_stalled};
+use super::options::RemoteOptions;
+use crate::error::ErrorKind;
 
 /// The client of `bucket` for reads: object_store's own retries off (the
 /// source layer retries each part itself and counts the retries).
@@ -165,7 +174,7 @@ pub(crate) fn check_endpoint(e: &str) -> Result<bool, String> {
 
 /// The certificates of a PEM bundle (`--ca-bundle`), at least one.
 pub(crate) fn read_ca_bundle(path: &Path) -> Result<Vec<Certificate>, String> {
-    let pem = super::remote::read_ca_bundle(path)?;
+    let pem = super::options::read_ca_bundle(path)?;
     Certificate::from_pem_bundle(&pem).map_err(|e| {
         format!(
             "CA bundle {}: not a PEM bundle of certificates: {e}",
@@ -249,9 +258,134 @@ fn ini_section(text: &str, name: &str) -> std::collections::HashMap<String, Stri
     out
 }
 
+// ---------------------------------------------------------------------------
+// Reads through object_store: one ranged GET checked against the pin, and
+// what its errors mean (a definite answer, or one worth retrying)
+
+pub(super) fn pin_of(meta: &object_store::ObjectMeta) -> Pin {
+    Pin {
+        etag: meta.e_tag.clone(),
+        size: meta.size,
+        last_modified: FileTime {
+            secs: meta.last_modified.timestamp(),
+            nanos: meta.last_modified.timestamp_subsec_nanos(),
+        },
+    }
+}
+
+/// The HTTP status in an object_store error message, if any.
+fn status_in(msg: &str) -> Option<u16> {
+    let i = msg.find("status code: ")? + "status code: ".len();
+    msg.get(i..i + 3)?.parse().ok()
+}
+
+fn short(msg: String) -> String {
+    const MAX: usize = 400;
+    if msg.len() <= MAX {
+        return msg;
+    }
+    let mut end = MAX;
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &msg[..end])
+}
+
+pub(super) fn classify(e: object_store::Error) -> Attempt {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { .. } => Attempt::Final(ErrorKind::Io, "HTTP 404: no such object".into()),
+        E::PermissionDenied { .. } => Attempt::Final(
+            ErrorKind::Io,
+            "HTTP 403: access denied (check the credentials)".into(),
+        ),
+        E::Unauthenticated { .. } => Attempt::Final(
+            ErrorKind::Io,
+            "HTTP 401: not authenticated (check the credentials)".into(),
+        ),
+        E::Precondition { .. } => Attempt::Final(
+            ErrorKind::Changed,
+            "HTTP 412: the object no longer has the pinned etag".into(),
+        ),
+        E::NotSupported { source } if source.to_string().contains("Range") => {
+            Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into())
+        }
+        other => {
+            let mut msg = other.to_string();
+            let mut src = std::error::Error::source(&other);
+            while let Some(s) = src {
+                let t = s.to_string();
+                if !msg.contains(&t) {
+                    msg = format!("{msg}: {t}");
+                }
+                src = s.source();
+            }
+            if msg.contains("non-partial response") {
+                return Attempt::Final(ErrorKind::Io, RANGE_IGNORED.into());
+            }
+            match status_in(&msg) {
+                Some(s) if (400..500).contains(&s) && s != 408 && s != 429 => {
+                    Attempt::Final(ErrorKind::Io, short(msg))
+                }
+                _ => Attempt::Retry(short(msg)),
+            }
+        }
+    }
+}
+
+/// One ranged GET through object_store, checked against the pin.
+pub(super) async fn store_get(
+    store: &dyn ObjectStore,
+    location: &ObjPath,
+    want: Range<u64>,
+    block: u64,
+    pin: &Pin,
+    if_match: Option<String>,
+    stall: Duration,
+) -> std::result::Result<Vec<Bytes>, Attempt> {
+    let opts = GetOptions {
+        range: Some(GetRange::Bounded(want.clone())),
+        if_match,
+        ..GetOptions::default()
+    };
+    let res = unless_stalled(stall, "response", async {
+        store.get_opts(location, opts).await.map_err(classify)
+    })
+    .await?;
+    if let Some(d) = pin_changes(pin, &pin_of(&res.meta)) {
+        return Err(Attempt::Final(ErrorKind::Changed, d));
+    }
+    if res.range != want {
+        return Err(Attempt::Final(
+            ErrorKind::Io,
+            format!(
+                "the server answered bytes {}-{} instead",
+                res.range.start,
+                res.range.end.saturating_sub(1)
+            ),
+        ));
+    }
+    let mut blocks = BlockSplitter::new(block, want.end - want.start);
+    let mut body = res.into_stream();
+    while let Some(chunk) =
+        unless_stalled(stall, "bytes of the body", async { Ok(body.next().await) }).await?
+    {
+        blocks.push(&chunk.map_err(classify)?)?;
+    }
+    blocks.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statuses() {
+        assert_eq!(
+            status_in("Server returned non-2xx status code: 503 Service"),
+            Some(503)
+        );
+    }
 
     #[test]
     fn endpoints() {

@@ -36,7 +36,8 @@ use object_store::signer::Signer;
 use object_store::{ObjectStoreExt, PutPayload, RetryConfig};
 use reqwest::header::{HeaderValue, IF_NONE_MATCH};
 
-use super::remote::{RemoteOptions, redact};
+use super::identity::redact;
+use super::options::RemoteOptions;
 use crate::error::{ErrorKind, Result, err};
 
 /// The first parts' size. S3's minimum is 5 MiB.
@@ -413,7 +414,7 @@ impl S3Upload {
         }
         body += "</CompleteMultipartUpload>";
         let pem = match &self.opts.ca_bundle {
-            Some(bundle) => Some(super::remote::read_ca_bundle(bundle).map_err(fail)?),
+            Some(bundle) => Some(super::options::read_ca_bundle(bundle).map_err(fail)?),
             None => None,
         };
         // The completion of a large upload can take minutes on the store's

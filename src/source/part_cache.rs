@@ -4,7 +4,7 @@
 //! process), reads them from disk instead of the network.
 //!
 //! Layout of DIR (one flat directory, mode 0700, owned by the daemon's
-//! user, checked at open as for the decoded store: `super::dir`):
+//! user, checked at open as for the decoded store: `super::cache_dir`):
 //! - `<name>`: one part, mode 0600. `<name>` is the lowercase hex SHA-256
 //!   of the part's key (the layout version, then the object's identity
 //!   and its pinned version, each preceded by its length, then the part
@@ -84,7 +84,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use sha2::Digest;
 
-use super::dir::{CacheDir, TMP_PREFIX};
+use super::cache_dir::{CacheDir, TMP_PREFIX};
 use super::lock;
 use crate::error::Result;
 

@@ -1,6 +1,8 @@
 //! A private cache directory on disk, shared by the processes of one user
 //! (several mounts, remounts): what the decoded-file store (`store`) and
-//! the source part cache (`source_parts`) have in common.
+//! the source part cache (`part_cache`) have in common. It sits in
+//! `source`, the lower of the two modules (the store, in `cache`, uses it
+//! from above).
 //!
 //! - **Trusted or refused.** Created 0700 if missing; an existing one must
 //!   be a real directory (not a symlink), owned by this process's euid,
