@@ -10,8 +10,9 @@
 
 use serde_json::{Value, json};
 
-use super::hf::HF_DIR_NAME;
-use super::namespace::{Namespace, ViewFile, view_metadata};
+use super::files::{ViewFile, view_metadata};
+use super::inodes::HF_DIR_NAME;
+use super::namespace::Namespace;
 use super::views::{ElemFormat, ModelView};
 use crate::backend::Backend;
 use crate::report;

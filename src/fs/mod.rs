@@ -35,17 +35,24 @@
 //! tensor: a view read that spans tensors assembles its reply from several
 //! tensors' chunks, and f16/bf16 are converted from the cached f32 chunk.
 //!
-//! Layout by concern: [`namespace`] (inodes, names, attributes, listings),
+//! Layout by concern, bottom up: [`elem`] (element formats and the f32 →
+//! f16/bf16 conversion), [`inodes`] (the inode map), [`views`] (engine
+//! views: layouts and their builders), [`files`] (the records of served
+//! files), [`hf`] (the Hugging Face view), [`namespace`] (names,
+//! attributes, listings),
 //! [`read`] (the read path over the cache), [`ctl`] (the control files:
 //! snapshots, commands, who may command), [`index`] (index.json, served in
-//! pages), [`views`] (engine views), [`prefetch`] (read-ahead threads),
-//! [`passthrough`] (opens served from the decoded-file store), [`hf`] (the
-//! Hugging Face view), [`fuse`] (the fuser adapter).
+//! pages), [`prefetch`] (read-ahead threads), [`passthrough`] (opens
+//! served from the decoded-file store), [`fuse`] (the fuser adapter). Each
+//! uses only those before it (and this module's shared types).
 
 mod ctl;
+mod elem;
+mod files;
 pub mod fuse;
 pub mod hf;
 mod index;
+mod inodes;
 mod namespace;
 pub mod passthrough;
 mod prefetch;
@@ -60,25 +67,14 @@ use std::time::{Instant, SystemTime};
 use crate::backend::Backend;
 use crate::cache::{BlockCache, Chunk};
 pub use ctl::MAX_LINE as MAX_CTL_LINE;
-pub use namespace::{MAX_FILE_BYTES, tensor_ino};
-use views::{ElemFormat, FORMAT_INO_STRIDE, ModelView, ViewSet};
+pub use files::MAX_FILE_BYTES;
+use inodes::{FORMAT_INO_STRIDE, HF_DIR_INO};
+use views::{ElemFormat, ModelView, ViewSet};
 
-pub const ROOT_INO: u64 = 1;
-pub const INDEX_INO: u64 = 2;
-pub const CTL_INO: u64 = 3;
-pub const FIRST_TENSOR_INO: u64 = 16;
-/// `ctl.json`: what `ctl` shows, as JSON for tools.
-pub const CTL_JSON_INO: u64 = 8;
-/// `jobs/`: one file per encoding job.
-pub const JOBS_DIR_INO: u64 = 9;
-/// Job `n` is the file `jobs/n`, inode `JOB_INO_BASE + n` (above every
-/// tensor and view inode).
-pub const JOB_INO_BASE: u64 = 1 << 48;
-
-pub const INDEX_NAME: &str = "index.json";
-pub const CTL_NAME: &str = "ctl";
-pub const CTL_JSON_NAME: &str = "ctl.json";
-pub const JOBS_DIR_NAME: &str = "jobs";
+pub use inodes::{
+    CTL_INO, CTL_JSON_INO, CTL_JSON_NAME, CTL_NAME, FIRST_TENSOR_INO, INDEX_INO, INDEX_NAME,
+    JOB_INO_BASE, JOBS_DIR_INO, JOBS_DIR_NAME, ROOT_INO, tensor_ino,
+};
 
 /// Default decoded bytes per cache chunk: the largest FUSE read (1 MiB), so
 /// an aligned 1 MiB read is served from one chunk without a copy.
@@ -458,7 +454,7 @@ impl TensorFs {
         match ino {
             ROOT_INO => Err(libc::EISDIR),
             JOBS_DIR_INO if self.jobs.is_some() => Err(libc::EISDIR),
-            hf::HF_DIR_INO if self.ns.hf.is_ok() => Err(libc::EISDIR),
+            HF_DIR_INO if self.ns.hf.is_ok() => Err(libc::EISDIR),
             _ if self.is_live(ino) && self.getattr(ino).is_ok() => {
                 self.open_ctl(ino, fh, read, write, caller)?;
                 Ok(live)
@@ -534,7 +530,7 @@ impl TensorFs {
                 offset,
                 size,
             ))),
-            ROOT_INO | JOBS_DIR_INO | hf::HF_DIR_INO => Err(libc::EISDIR),
+            ROOT_INO | JOBS_DIR_INO | HF_DIR_INO => Err(libc::EISDIR),
             _ if let Some(f) = self.hf_file(ino) => Ok(ReadData::Owned(f.read(
                 self.shared.backend.as_ref(),
                 offset,
@@ -577,7 +573,7 @@ impl TensorFs {
     /// (`-o unverified=hold` while one runs): the FUSE adapter serves such
     /// reads on threads of their own.
     pub fn read_may_wait(&self, ino: u64) -> bool {
-        let data = (FIRST_TENSOR_INO..hf::HF_DIR_INO).contains(&ino)
+        let data = (FIRST_TENSOR_INO..HF_DIR_INO).contains(&ino)
             || ModelView::ALL.iter().any(|v| v.ino() == ino);
         data && self.config.integrity.as_ref().is_some_and(|i| i.may_hold())
     }

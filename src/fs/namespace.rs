@@ -9,43 +9,18 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use super::hf::{self, HF_DIR_INO, HF_DIR_NAME, HfDir};
-use super::views::{self, ElemFormat, FORMAT_INO_STRIDE, Layout, ModelView, ViewTensor};
-use super::{
-    Attr, CTL_INO, CTL_JSON_INO, CTL_JSON_NAME, CTL_NAME, FIRST_TENSOR_INO, FsConfig, INDEX_INO,
-    INDEX_NAME, JOB_INO_BASE, JOBS_DIR_INO, JOBS_DIR_NAME, Kind, ROOT_INO, StatFs, TensorFs,
+use super::elem::ElemFormat;
+use super::files::{MAX_FILE_BYTES, TensorFile, ViewFile, view_metadata};
+use super::hf::{self, HfDir};
+use super::inodes::{
+    CTL_INO, CTL_JSON_INO, CTL_JSON_NAME, CTL_NAME, FIRST_TENSOR_INO, FORMAT_INO_STRIDE,
+    HF_DIR_INO, HF_DIR_NAME, INDEX_INO, INDEX_NAME, JOB_INO_BASE, JOBS_DIR_INO, JOBS_DIR_NAME,
+    ROOT_INO, is_hf_ino, tensor_ino,
 };
+use super::views::{self, Layout, ModelView, ViewTensor};
+use super::{Attr, FsConfig, Kind, StatFs, TensorFs};
 use crate::backend::{Availability, Backend, TensorInfo};
 use crate::format::meta::Metadata;
-
-/// Largest file size `stat` can report (`st_size` is a signed 64-bit
-/// number): a tensor or view larger than this is not offered.
-pub const MAX_FILE_BYTES: u64 = i64::MAX as u64;
-
-/// One served tensor: its files in every format share this.
-pub(crate) struct TensorFile {
-    /// Index in the backend's table.
-    pub(super) index: usize,
-    pub(super) n_elements: u64,
-    pub(super) chunk_elems: u64,
-    pub(super) mtime: SystemTime,
-    pub(super) nlink: u32,
-}
-
-impl TensorFile {
-    /// Size of this tensor's file in `fmt`.
-    pub(super) fn bytes(&self, fmt: ElemFormat) -> u64 {
-        self.n_elements * fmt.bytes()
-    }
-}
-
-/// One whole-model view (`model.safetensors`, ...): its layout when it is
-/// offered, or why it is not.
-pub(super) struct ViewFile {
-    pub(super) view: ModelView,
-    pub(super) layout: std::result::Result<Layout, String>,
-    pub(super) notes: Vec<String>,
-}
 
 /// What an inode with tensor bytes is.
 pub(super) enum Node<'a> {
@@ -96,11 +71,6 @@ fn chunk_elems_for(granule: u64, chunk_bytes: u64) -> u64 {
     }
 }
 
-/// Inode of tensor file `f` in format `fmt` (module docs of `fs`).
-pub fn tensor_ino(f: usize, fmt: ElemFormat) -> u64 {
-    FIRST_TENSOR_INO + f as u64 + fmt.ordinal() * FORMAT_INO_STRIDE
-}
-
 /// The served tensors (available, and small enough for `stat`) as files,
 /// and the available ones left out with the reason.
 pub(super) fn tensor_files(
@@ -138,16 +108,6 @@ pub(super) fn tensor_files(
         });
     }
     (files, unserved)
-}
-
-/// The key/values the model views carry, and whose they are: the dense
-/// fallback's when there is one (it is the complete model file), unless it
-/// has none; else the source's.
-pub(super) fn view_metadata(b: &dyn Backend) -> (&Metadata, &'static str) {
-    match b.fallback_summary() {
-        Some(f) if !f.metadata.is_empty() => (&f.metadata, "fallback"),
-        _ => (&b.summary().metadata, "source"),
-    }
 }
 
 /// Build the model views `requested` from shapes and metadata (no tensor is
@@ -362,7 +322,7 @@ impl Namespace {
 impl TensorFs {
     /// The JSON file of `hf/` behind an inode.
     pub(super) fn hf_file(&self, ino: u64) -> Option<&hf::HfFile> {
-        if !hf::is_hf_ino(ino) {
+        if !is_hf_ino(ino) {
             return None;
         }
         self.ns.hf.as_ref().ok()?.file(ino)

@@ -23,7 +23,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::namespace::{Node, TensorFile};
+use super::files::TensorFile;
+use super::namespace::Node;
 use super::views::{self, ElemFormat, Layout, Piece};
 use super::{ReadData, SMALL_READ_BYTES, TensorFs};
 use crate::backend::Backend;

@@ -149,7 +149,7 @@ fn view_inodes_names_and_sizes() {
     assert_eq!(n, 2 + 3 + 4 + 1 + 21 * 2 * 3);
     // hf/: its block of inodes at 2^47.
     let hf = fs.lookup(ROOT_INO, "hf").unwrap();
-    assert_eq!((hf.ino, hf.kind), (super::hf::HF_DIR_INO, Kind::Dir));
+    assert_eq!((hf.ino, hf.kind), (super::inodes::HF_DIR_INO, Kind::Dir));
     for (name, ino) in [
         ("config.json", 1),
         ("generation_config.json", 2),
@@ -260,7 +260,7 @@ fn gguf_view_is_write_gguf_of_the_decoded_tensors() {
             .iter()
             .map(|(n, ne, d)| (n.clone(), ne.clone(), crate::quant::GgmlType::F32, &d[..]))
             .collect();
-        let (md, al) = views::gguf_metadata(namespace::view_metadata(b.as_ref()).0).unwrap();
+        let (md, al) = views::gguf_metadata(files::view_metadata(b.as_ref()).0).unwrap();
         let mut want = Vec::new();
         crate::format::gguf::write_gguf(&mut want, &md, &tensors, al).unwrap();
         assert_eq!(fs.getattr(views::GGUF_INO).unwrap().size, want.len() as u64);

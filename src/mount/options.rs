@@ -43,14 +43,136 @@ pub struct MountOpts {
     pub remote: crate::source::cli::RemoteArgs,
 }
 
-pub const HELP: &str = "FUSE options: allow_other, allow_root, default_permissions (always on), \
-uid=N, gid=N, fsname=NAME, ro; rknot options: direct_io, cache_mb=N, threads=N, \
-prefetch_threads=N, readahead_kb=N, chunk_kb=N, dense=FILE, views=f32,f16,bf16; ignored (fstab): defaults, auto, \
-noauto, nofail, user, users, _netdev, x-*; jobs: jobs_dir=DIR, jobs_remote_prefix=s3://BUCKET/PREFIX/, \
-max_jobs=N, nojobs; stop_timeout=SECS; \
-integrity: manifest=FILE.sums, unverified=hold|allow; decoded cache: decoded_cache=DIR, \
-decoded_cache_gb=N, nopassthrough; remote sources: endpoint=URL, ca_bundle=FILE, source_cache=DIR, \
-source_cache_gb=N, remote_cache_mb=N, part_size_mb=N, remote_retries=N, remote_deadline=SECS";
+/// Every `-o` option, by group, as `--help` and a usage error list them.
+pub const OPTION_GROUPS: &[(&str, &[&str])] = &[
+    (
+        "FUSE",
+        &[
+            "allow_other",
+            "allow_root",
+            "default_permissions (always on)",
+            "uid=N",
+            "gid=N",
+            "fsname=NAME",
+            "ro",
+        ],
+    ),
+    (
+        "rknot",
+        &[
+            "direct_io",
+            "cache_mb=N",
+            "threads=N",
+            "prefetch_threads=N",
+            "readahead_kb=N",
+            "chunk_kb=N",
+            "dense=FILE",
+            "views=f32,f16,bf16",
+            "stop_timeout=SECS",
+        ],
+    ),
+    (
+        "ignored (fstab)",
+        &[
+            "defaults", "auto", "noauto", "nofail", "user", "users", "_netdev", "x-*",
+        ],
+    ),
+    (
+        "jobs",
+        &[
+            "jobs_dir=DIR",
+            "jobs_remote_prefix=s3://BUCKET/PREFIX/",
+            "max_jobs=N",
+            "nojobs",
+        ],
+    ),
+    (
+        "integrity",
+        &["manifest=FILE.sums", "unverified=hold|allow"],
+    ),
+    (
+        "decoded cache",
+        &["decoded_cache=DIR", "decoded_cache_gb=N", "nopassthrough"],
+    ),
+    (
+        "remote sources",
+        &[
+            "endpoint=URL",
+            "ca_bundle=FILE",
+            "source_cache=DIR",
+            "source_cache_gb=N",
+            "remote_cache_mb=N",
+            "part_size_mb=N",
+            "remote_retries=N",
+            "remote_deadline=SECS",
+        ],
+    ),
+];
+
+/// The options, one per line under their group's name (for a usage error).
+pub fn options_help() -> String {
+    let mut out = Vec::new();
+    for (group, opts) in OPTION_GROUPS {
+        out.push(format!("  {group}:"));
+        out.extend(opts.iter().map(|o| format!("    {o}")));
+    }
+    out.join("\n")
+}
+
+/// The option whose name is nearest `key` (at most 2 edits, 1 for a short
+/// name, or a prefix of it either way), as it is spelled in the list: for "did you mean".
+fn nearest_option(key: &str) -> Option<&'static str> {
+    let key = key.to_ascii_lowercase();
+    let mut best: Option<(usize, &'static str)> = None;
+    for (_, opts) in OPTION_GROUPS {
+        for &spelled in *opts {
+            let name = spelled.split(['=', ' ']).next().unwrap_or(spelled);
+            if name.ends_with('*') {
+                continue;
+            }
+            let d = if name.len() > 3 && (name.starts_with(&key) || key.starts_with(name)) {
+                1
+            } else {
+                edit_distance(&key, name)
+            };
+            // A short name is a single edit from many others: only one
+            // edit counts there.
+            let allowed = if key.len() <= 3 { 1 } else { 2 };
+            if d <= allowed && best.is_none_or(|(bd, _)| d < bd) {
+                best = Some((d, spelled.split(' ').next().unwrap_or(spelled)));
+            }
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
+/// Levenshtein distance of two short ASCII-ish strings (option names).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut row = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            row[j + 1] = sub.min(prev[j + 1] + 1).min(row[j] + 1);
+        }
+        prev = row;
+    }
+    prev[b.len()]
+}
+
+/// The error for an option nobody knows: its name, the nearest one, and
+/// the list, one per line.
+fn unknown_option(item: &str) -> String {
+    let key = item.split('=').next().unwrap_or(item);
+    let hint = nearest_option(key)
+        .map(|o| format!("; did you mean {o}?"))
+        .unwrap_or_default();
+    format!(
+        "unknown mount option {item:?}{hint}\nmount options:\n{}",
+        options_help()
+    )
+}
 
 fn num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
     v.parse::<T>()
@@ -256,7 +378,7 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
                 ));
             }
             _ if sloppy => ignored.push(item.to_string()),
-            _ => return Err(format!("unknown mount option {item:?} ({HELP})")),
+            _ => return Err(unknown_option(item)),
         }
     }
     if let Some(list) = views {
@@ -494,6 +616,47 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown mount option")
         );
+    }
+
+    /// A typo'd option names the nearest one and lists the options one per
+    /// line, not ~40 on one line.
+    #[test]
+    fn unknown_options_suggest_the_nearest_and_list_one_per_line() {
+        let e = parse(&["thread=4".to_string()]).unwrap_err();
+        assert!(
+            e.starts_with("unknown mount option \"thread=4\"; did you mean threads=N?\n"),
+            "{e}"
+        );
+        let n_opts: usize = OPTION_GROUPS.iter().map(|(_, o)| o.len()).sum();
+        assert_eq!(e.lines().count(), 2 + OPTION_GROUPS.len() + n_opts, "{e}");
+        assert!(e.lines().all(|l| l.len() < 80), "{e}");
+        for (item, want) in [
+            ("cachemb=10", Some("cache_mb=N")),
+            ("remote_deadlin=5", Some("remote_deadline=SECS")),
+            ("allow-other", Some("allow_other")),
+            ("manifest_file=x", Some("manifest=FILE.sums")),
+            ("frobnicate", None),
+            ("x", None),
+        ] {
+            let e = parse(&[item.to_string()]).unwrap_err();
+            let first = e.lines().next().unwrap_or("");
+            match want {
+                Some(o) => assert!(first.ends_with(&format!("did you mean {o}?")), "{e}"),
+                None => assert!(!first.contains("did you mean"), "{e}"),
+            }
+        }
+        // Every option the parser takes is listed.
+        let listed = options_help();
+        for key in [
+            "threads=",
+            "views=",
+            "remote_deadline=",
+            "nojobs",
+            "    ro\n",
+            "x-*",
+        ] {
+            assert!(listed.contains(key), "{key} not in {listed}");
+        }
     }
 
     #[test]

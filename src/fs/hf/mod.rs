@@ -19,7 +19,7 @@
 //!   the converter and are served as they are (what transformers' GGUF
 //!   loader does too).
 //!
-//! Inodes (stable across remounts, see `fs` module docs): `HF_DIR_INO`
+//! Inodes (stable across remounts, [`super::inodes`]): `HF_DIR_INO`
 //! (2^47) the directory, +1 `config.json`, +2 `generation_config.json`,
 //! +3 `tokenizer.json`, +4 `tokenizer_config.json`, +5 + k the safetensors
 //! view in format k (0 f32, 1 f16, 2 bf16). They sit above every tensor
@@ -36,28 +36,11 @@ mod tokenizer;
 use serde_json::{Map, Value, json};
 
 use self::pieces::Pieces;
-use super::namespace::{TensorFile, ViewFile, view_metadata};
+use super::files::{TensorFile, ViewFile, view_metadata};
+use super::inodes::{CONFIG_INO, GENERATION_CONFIG_INO, TOKENIZER_CONFIG_INO, TOKENIZER_INO};
 use super::views::{self, ElemFormat, ModelView, RowPerm, ViewTensor};
 use crate::backend::Backend;
 use crate::format::meta::{MetaValue, Metadata};
-
-/// Inode of the directory `hf/`.
-pub const HF_DIR_INO: u64 = 1 << 47;
-pub const HF_DIR_NAME: &str = "hf";
-pub const CONFIG_INO: u64 = HF_DIR_INO + 1;
-pub const GENERATION_CONFIG_INO: u64 = HF_DIR_INO + 2;
-pub const TOKENIZER_INO: u64 = HF_DIR_INO + 3;
-pub const TOKENIZER_CONFIG_INO: u64 = HF_DIR_INO + 4;
-
-/// Inode of `hf/model.safetensors` in format `fmt`.
-pub fn safetensors_ino(fmt: ElemFormat) -> u64 {
-    HF_DIR_INO + 5 + fmt.ordinal()
-}
-
-/// Whether `ino` is in `hf/`'s block of inodes (the directory included).
-pub fn is_hf_ino(ino: u64) -> bool {
-    (HF_DIR_INO..HF_DIR_INO + 16).contains(&ino)
-}
 
 /// One JSON file of `hf/`: its text, or the pieces its reads render
 /// (the tokenizer files).
