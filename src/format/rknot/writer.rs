@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{
     ArchMeta, Coding, LengthCode, MAX_HEADER_LEN, MAX_HEADER_LEN_V3, MAX_INDEX_LEN, Manifest,
     RKNOT_MAGIC_V2, RKNOT_MAGIC_V3, RKNOT_V3_END_MAGIC, RKNOT_V3_FOOTER_LEN, RKNOT_VERSION,
-    TileGrid, pack_affine_block, pack_block, quantize_affine_tile, quantize_tile,
+    TileGrid,
 };
 use crate::error::{ErrorKind, Result, add, err};
 use crate::format::checksum;
@@ -77,7 +77,8 @@ impl TensorSpec {
         out
     }
 
-    /// Encode a dense tensor with [`quantize_tile`] into block payloads.
+    /// Encode a dense tensor into block payloads with its codec's reference
+    /// quantizer ([`super::quantize_tile`]; affine: [`super::quantize_affine_tile`]).
     pub fn encode(&self, manifest: &Manifest, dense: &[f32]) -> Vec<Vec<u8>> {
         let grid = self.grid(manifest);
         let compact = self.compact(manifest, dense);
@@ -89,12 +90,10 @@ impl TensorSpec {
                     let start = (r * grid.compact_cols + tile.col0) as usize;
                     vals.extend_from_slice(&compact[start..start + tile.cols as usize]);
                 }
-                if let Coding::Affine { bits } = self.coding {
-                    let (scale, offset, codes) = quantize_affine_tile(bits, &vals);
-                    return pack_affine_block(bits, scale, offset, &codes);
-                }
-                let (scale, codes) = quantize_tile(&self.coding, &tile, &vals);
-                pack_block(&self.coding, &tile, scale, &codes)
+                self.coding
+                    .mode()
+                    .codec()
+                    .encode_tile(&self.coding, &tile, &vals)
             })
             .collect()
     }
@@ -119,24 +118,10 @@ fn tensor_json(spec: &TensorSpec, located: Vec<(&str, Value)>) -> Value {
     for (k, v) in located {
         t[k] = v;
     }
-    match &spec.coding {
-        Coding::Uniform { bits } => {
-            t["mode"] = json!("uniform");
-            t["bits"] = json!(bits);
-        }
-        Coding::Graded {
-            max_bits,
-            line_axis,
-            ..
-        } => {
-            t["mode"] = json!("graded");
-            t["bits"] = json!(max_bits);
-            t["line_axis"] = json!(line_axis.name());
-        }
-        Coding::Affine { bits } => {
-            t["mode"] = json!("affine");
-            t["bits"] = json!(bits);
-        }
+    t["mode"] = json!(spec.coding.mode().name());
+    t["bits"] = json!(spec.coding.bits());
+    if let Coding::Graded { line_axis, .. } = &spec.coding {
+        t["line_axis"] = json!(line_axis.name());
     }
     t
 }
