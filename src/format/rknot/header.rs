@@ -18,7 +18,7 @@ use super::{
     RKNOT_MAGIC_V3, RKNOT_V2_PREFIX_LEN, RKNOT_V3_BODY_OFFSET, RKNOT_V3_END_MAGIC,
     RKNOT_V3_FOOTER_LEN, RknotLayer, RknotTensorInfo, TileGrid,
 };
-use crate::error::{ErrorKind, Result, add, err, mul};
+use crate::error::{ErrorKind, Result, err, mul};
 use crate::format::checksum;
 use crate::format::container::parse_table;
 use crate::format::json::{
@@ -321,18 +321,7 @@ pub(super) fn parse_header(raw: &[u8], layout: &Layout, src: &SourceFile) -> Res
             let t = names::check_servable(&name)
                 .and_then(|()| {
                     knot::dense_entry(&name, r, layout.ksum.is_some(), |offset, length| {
-                        let end = add(offset, length, "data end")?;
-                        if end > layout.body_len {
-                            return Err(err(
-                                ErrorKind::OutOfBounds,
-                                format!(
-                                    "data [{offset}, {end}) lies outside the body ({} bytes)",
-                                    layout.body_len
-                                ),
-                            )
-                            .at(layout.body_offset.saturating_add(offset)));
-                        }
-                        Ok(layout.body_offset + offset)
+                        layout.data_at(offset, length)
                     })
                 })
                 .map_err(|e| e.tensor(&name))?;

@@ -149,18 +149,7 @@ pub(super) fn packed_blocks(
             format!("data {data:?} must be [offset, length]"),
         ));
     };
-    let end = add(offset, length, "data end")?;
-    if end > layout.body_len {
-        return Err(err(
-            ErrorKind::OutOfBounds,
-            format!(
-                "data [{offset}, {end}) lies outside the body ({} bytes)",
-                layout.body_len
-            ),
-        )
-        .at(layout.body_offset.saturating_add(offset)));
-    }
-    let start = layout.body_offset + offset;
+    let start = layout.data_at(offset, length)?;
     let n = info.grid.n_blocks();
     // Before the width sizes anything.
     if code.bits > blocks::MAX_LENGTH_BITS {

@@ -28,7 +28,7 @@
 
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{ErrorKind, Result, add, err};
 use crate::format::MAX_TENSORS;
 use crate::format::checksum::GroupSums;
 use crate::format::container::check_utf8;
@@ -293,6 +293,25 @@ pub struct Layout {
     /// against the file's metadata. The record is the body's last 8 bytes,
     /// which `body_len` then leaves out (no tensor may cover them).
     pub ksum: Option<u32>,
+}
+
+impl Layout {
+    /// Absolute offset of a tensor's data `[offset, offset + length)` in
+    /// the body, which it must lie inside.
+    fn data_at(&self, offset: u64, length: u64) -> Result<u64> {
+        let end = add(offset, length, "data end")?;
+        if end > self.body_len {
+            return Err(err(
+                ErrorKind::OutOfBounds,
+                format!(
+                    "data [{offset}, {end}) lies outside the body ({} bytes)",
+                    self.body_len
+                ),
+            )
+            .at(self.body_offset.saturating_add(offset)));
+        }
+        Ok(self.body_offset + offset)
+    }
 }
 
 /// A parsed .rknot file.

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::{BlockCodec, Coding, check_prefix, code_bytes};
+use super::{BlockCodec, Coding, check_prefix, code_bytes, equal_widths, fixed_len};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::rknot::bits::{BitReader, BitWriter};
 use crate::format::rknot::{RknotTensorInfo, Tile};
@@ -40,8 +40,7 @@ fn parts<'a>(t: &RknotTensorInfo, tile: &Tile, bytes: &'a [u8]) -> Result<(f32, 
 
 impl BlockCodec for Affine {
     fn len_bounds(&self, t: &RknotTensorInfo, tile: &Tile) -> (u64, u64) {
-        let len = 4 + code_bytes(tile.rows * tile.cols, t.bits);
-        (len, len)
+        fixed_len(t, tile)
     }
 
     fn decode_rows(
@@ -65,7 +64,7 @@ impl BlockCodec for Affine {
     }
 
     fn widths(&self, coding: &Coding, tile: &Tile) -> Vec<u8> {
-        vec![coding.bits(); (tile.rows * tile.cols) as usize]
+        equal_widths(coding, tile)
     }
 
     fn pack(&self, coding: &Coding, _tile: &Tile, scale: f32, codes: &[u32]) -> Vec<u8> {

@@ -221,6 +221,18 @@ fn code_bytes(n: u64, bits: u8) -> u64 {
     (n * u64::from(bits)).div_ceil(8)
 }
 
+/// The one valid length of a block whose codes all have the tensor's
+/// bits, after 4 bytes of scale (and offset): uniform and affine.
+fn fixed_len(t: &RknotTensorInfo, tile: &Tile) -> (u64, u64) {
+    let len = 4 + code_bytes(tile.rows * tile.cols, t.bits);
+    (len, len)
+}
+
+/// Every value of a tile at the coding's bits: uniform and affine.
+fn equal_widths(coding: &Coding, tile: &Tile) -> Vec<u8> {
+    vec![coding.bits(); (tile.rows * tile.cols) as usize]
+}
+
 /// Every block starts with 4 bytes of scale (and offset).
 fn check_prefix(tile: &Tile, bytes: &[u8]) -> Result<()> {
     let n = tile.rows * tile.cols;

@@ -4,8 +4,8 @@
 use std::ops::Range;
 
 use super::{
-    BlockCodec, Coding, cannot_overflow, code_bytes, pack_symmetric, quantize_tile,
-    symmetric_scale, symmetric_value,
+    BlockCodec, Coding, cannot_overflow, code_bytes, equal_widths, fixed_len, pack_symmetric,
+    quantize_tile, symmetric_scale, symmetric_value,
 };
 use crate::error::{ErrorKind, Result, err};
 use crate::format::rknot::bits::BitReader;
@@ -34,8 +34,7 @@ fn parts<'a>(t: &RknotTensorInfo, tile: &Tile, bytes: &'a [u8]) -> Result<(f32, 
 
 impl BlockCodec for Uniform {
     fn len_bounds(&self, t: &RknotTensorInfo, tile: &Tile) -> (u64, u64) {
-        let len = 4 + code_bytes(tile.rows * tile.cols, t.bits);
-        (len, len)
+        fixed_len(t, tile)
     }
 
     fn decode_rows(
@@ -75,7 +74,7 @@ impl BlockCodec for Uniform {
     }
 
     fn widths(&self, coding: &Coding, tile: &Tile) -> Vec<u8> {
-        vec![coding.bits(); (tile.rows * tile.cols) as usize]
+        equal_widths(coding, tile)
     }
 
     fn pack(&self, coding: &Coding, tile: &Tile, scale: f32, codes: &[u32]) -> Vec<u8> {
