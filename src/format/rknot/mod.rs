@@ -25,6 +25,12 @@
 //! LSB-first into a little-endian bit stream, zero-padded to a byte.
 //! Entries outside the standing indices are exactly 0.0. The complete
 //! byte-level specification is docs/FORMAT.md.
+//!
+//! Here: the types a parsed file is made of. Reading is [`header`] (layout,
+//! header JSON, overlap checks) over [`index`] (where each tensor's blocks
+//! lie) and [`blocks`] (the block tables); a block's bytes are its mode's
+//! codec's ([`codec`]: one module per [`BlockMode`], codes through
+//! [`bits`]); [`writer`] writes files.
 
 use std::sync::Arc;
 
