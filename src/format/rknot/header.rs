@@ -2,7 +2,7 @@
 //! (the version-2 prefix or the version-3 footer), the header JSON parsed
 //! by streaming seeds into validated layers and tensors, and the check
 //! that no two tensors' blocks overlap. Where each tensor's blocks are is
-//! read by [`super::index`].
+//! read by `index`.
 
 use std::cell::RefCell;
 use std::collections::HashSet;

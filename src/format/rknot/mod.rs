@@ -26,11 +26,11 @@
 //! Entries outside the standing indices are exactly 0.0. The complete
 //! byte-level specification is docs/FORMAT.md.
 //!
-//! Here: the types a parsed file is made of. Reading is [`header`] (layout,
-//! header JSON, overlap checks) over [`index`] (where each tensor's blocks
+//! Here: the types a parsed file is made of. Reading is `header` (layout,
+//! header JSON, overlap checks) over `index` (where each tensor's blocks
 //! lie) and [`blocks`] (the block tables); a block's bytes are its mode's
-//! codec's ([`codec`]: one module per [`BlockMode`], codes through
-//! [`bits`]); [`writer`] writes files.
+//! codec's (`codec`: one module per [`BlockMode`], codes through
+//! `bits`); `writer` writes files.
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! Writing .rknot files: [`RknotWriter`] streams version 3 (blocks as they
 //! are made, then index, header and footer), [`write_rknot`] writes layers
 //! held in memory, [`write_rknot_v2`] the previous layout for the tests of
-//! old files. What goes into each block is the codecs' ([`super::codec`]).
+//! old files. What goes into each block is the codecs' (`codec`).
 
 use std::io::Write;
 
