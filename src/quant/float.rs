@@ -8,6 +8,8 @@
 //! That is why this does not go through the `half` crate: with F16C hardware
 //! it converts with `vcvtph2ps`, which quiets signalling NaNs.
 
+use super::{GgmlType, Kernels};
+
 /// f32 value of the IEEE binary16 number with bits `h`.
 #[inline]
 pub fn f16_bits_to_f32(h: u16) -> f32 {
@@ -96,6 +98,13 @@ pub(super) fn bf16_le(src: &[u8], out: &mut [f32]) {
         *y = bf16_bits_to_f32(u16::from_le_bytes(*b));
     }
 }
+
+/// The kernels of this family (registered in [`super::FAMILIES`]).
+pub(super) const KERNELS: Kernels = &[
+    (GgmlType::F32, f32_le),
+    (GgmlType::F16, f16_le),
+    (GgmlType::Bf16, bf16_le),
+];
 
 #[cfg(test)]
 mod tests {

@@ -9,8 +9,8 @@
 //! bits), so the one rounding step is the final `- ml`, which must stay a
 //! plain subtraction of those two terms.
 
-use super::QK_K;
 use super::float::{f16_le_at, split};
+use super::{GgmlType, Kernels, QK_K};
 
 /// Q2_K, 84 bytes: 16 scale bytes (low nibble scales d, high nibble scales
 /// dmin, one per 16 elements), 64 bytes of 2-bit codes, f16 d, f16 dmin.
@@ -321,6 +321,15 @@ pub(super) fn q6_k(src: &[u8], out: &mut [f32]) {
         }
     }
 }
+
+/// The kernels of this family (registered in [`super::FAMILIES`]).
+pub(super) const KERNELS: Kernels = &[
+    (GgmlType::Q2K, q2_k),
+    (GgmlType::Q3K, q3_k),
+    (GgmlType::Q4K, q4_k),
+    (GgmlType::Q5K, q5_k),
+    (GgmlType::Q6K, q6_k),
+];
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 //! add of those two terms (no precomputed `m / d` or similar rewrites).
 
 use super::float::{f16_le_at, split};
+use super::{GgmlType, Kernels};
 
 const QK: usize = 32;
 
@@ -186,6 +187,15 @@ pub(super) fn q8_0(src: &[u8], out: &mut [f32]) {
         }
     }
 }
+
+/// The kernels of this family (registered in [`super::FAMILIES`]).
+pub(super) const KERNELS: Kernels = &[
+    (GgmlType::Q4_0, q4_0),
+    (GgmlType::Q4_1, q4_1),
+    (GgmlType::Q5_0, q5_0),
+    (GgmlType::Q5_1, q5_1),
+    (GgmlType::Q8_0, q8_0),
+];
 
 #[cfg(test)]
 mod tests {

@@ -4,6 +4,11 @@
 //! `gguf.quants.dequantize` (which follows ggml's reference C code): every
 //! float operation is done in f32, in the same order, without fused
 //! multiply-add. `tests/ggml_vectors.rs` checks them on committed vectors.
+//!
+//! Each family of types is a module (`float`, `legacy`, `kquants`) whose
+//! `KERNELS` table gives each type it decodes its kernel; [`dequantize`]
+//! finds it through `FAMILIES`, so a new family is a new module and a line
+//! there.
 
 mod float;
 mod kquants;
@@ -185,6 +190,28 @@ impl std::fmt::Display for KernelError {
     }
 }
 
+/// A type's dequantization kernel: `src` holds whole blocks of the type
+/// (verbatim ggml layout), `out` receives their values in order; the sizes
+/// were checked by [`dequantize`].
+type Kernel = fn(&[u8], &mut [f32]);
+
+/// The kernels a family module provides, one per type it decodes.
+type Kernels = &'static [(GgmlType, Kernel)];
+
+/// Every family's kernels. A family of types is one module with its
+/// `KERNELS` and a line here (its types listed in [`DECODABLE`]); block
+/// geometry stays in [`TYPES`], which names every type a file may declare.
+const FAMILIES: &[Kernels] = &[float::KERNELS, legacy::KERNELS, kquants::KERNELS];
+
+/// The kernel of `ty`, if this crate decodes it.
+fn kernel(ty: GgmlType) -> Option<Kernel> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.iter())
+        .find(|k| k.0 == ty)
+        .map(|k| k.1)
+}
+
 /// Dequantize whole blocks: `src` holds `out.len() / block_elems` blocks of
 /// `ty`, verbatim ggml layout; `out` receives the f32 values in order.
 pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
@@ -196,22 +223,8 @@ pub fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<(), Kerne
             out: out.len(),
         });
     }
-    match ty {
-        GgmlType::F32 => float::f32_le(src, out),
-        GgmlType::F16 => float::f16_le(src, out),
-        GgmlType::Bf16 => float::bf16_le(src, out),
-        GgmlType::Q4_0 => legacy::q4_0(src, out),
-        GgmlType::Q4_1 => legacy::q4_1(src, out),
-        GgmlType::Q5_0 => legacy::q5_0(src, out),
-        GgmlType::Q5_1 => legacy::q5_1(src, out),
-        GgmlType::Q8_0 => legacy::q8_0(src, out),
-        GgmlType::Q2K => kquants::q2_k(src, out),
-        GgmlType::Q3K => kquants::q3_k(src, out),
-        GgmlType::Q4K => kquants::q4_k(src, out),
-        GgmlType::Q5K => kquants::q5_k(src, out),
-        GgmlType::Q6K => kquants::q6_k(src, out),
-        other => return Err(KernelError::Unsupported(other)),
-    }
+    let kernel = kernel(ty).ok_or(KernelError::Unsupported(ty))?;
+    kernel(src, out);
     Ok(())
 }
 
@@ -230,6 +243,16 @@ mod tests {
         assert_eq!(GgmlType::from_name("Q4_K"), Some(GgmlType::Q4K));
         assert_eq!(GgmlType::Q4K.bytes_for(512), Some(288));
         assert_eq!(GgmlType::Q4K.bytes_for(100), None);
+    }
+
+    /// The decodable types are exactly those with a kernel, each with one.
+    #[test]
+    fn every_decodable_type_has_one_kernel() {
+        let with_kernel: Vec<GgmlType> = FAMILIES
+            .iter()
+            .flat_map(|f| f.iter().map(|k| k.0))
+            .collect();
+        assert_eq!(with_kernel, DECODABLE);
     }
 
     #[test]
