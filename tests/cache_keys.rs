@@ -213,13 +213,9 @@ fn cat_local(path: &Path, tensor: &str) -> Vec<u8> {
     out.stdout
 }
 
+needs! { [fuse]
 /// `--decoded-cache`: a mount of the second object does not serve the
 /// first object's decoded files.
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
-#[test]
 fn decoded_store_keeps_objects_that_differ_only_in_the_query_apart() {
     assert!(fuse_available(), "FUSE is not available here");
     let (a, b) = two_objects();
@@ -265,4 +261,5 @@ fn decoded_store_keeps_objects_that_differ_only_in_the_query_apart() {
     let v = m.ctl_json();
     assert!(v["remote"][0]["bytes_fetched"].as_u64() > Some(0), "{v}");
     assert_eq!(v["decoded_cache"]["builds"].as_u64(), Some(1), "{v}");
+}
 }

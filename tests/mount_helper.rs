@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::needs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -128,11 +130,7 @@ fn mount_available() -> bool {
     ok
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn mount_t_fuse_rknot_passes_options_and_umount_ends_the_daemon() {
     if !mount_available() {
         return;
@@ -221,6 +219,7 @@ fn mount_t_fuse_rknot_passes_options_and_umount_ends_the_daemon() {
     assert!(!is_mounted(&mp));
     let _ = std::fs::remove_file(rknot::mount::default_log_file(&mp));
 }
+}
 
 /// The daemon's pid from its log's last "serving ... (pid N; ...)" line
 /// (the helper prints it only with -v), for clean-up.
@@ -232,11 +231,7 @@ fn daemon_pid_from_log(mp: &Path) -> Option<i32> {
         .and_then(background_pid)
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn fstab_line_mounts_with_its_options() {
     if !mount_available() {
         return;
@@ -300,4 +295,5 @@ fn fstab_line_mounts_with_its_options() {
     assert!(is_mounted(&mp));
     umount_and_wait(&mp, &mut guard);
     let _ = std::fs::remove_file(rknot::mount::default_log_file(&mp));
+}
 }

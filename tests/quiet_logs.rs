@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::needs;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -75,11 +77,7 @@ fn mount_read_unmount(how: &str) {
     assert_eq!(loud_lines(&text), Vec::<&str>::new(), "{how}: {text}");
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn normal_unmounts_log_no_warn_or_error() {
     if !fuse_available() {
         return;
@@ -87,4 +85,5 @@ fn normal_unmounts_log_no_warn_or_error() {
     for how in ["fusermount3", "umount", "SIGTERM"] {
         mount_read_unmount(how);
     }
+}
 }

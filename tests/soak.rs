@@ -11,6 +11,8 @@
 
 mod common;
 
+use common::needs;
+
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -154,11 +156,7 @@ fn timed(op: impl FnOnce() -> bool + Send + 'static) -> Option<(bool, Duration)>
 
 type Phase = (&'static str, Duration, fn(&ProxyFaults));
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn soak_eight_readers_through_cycling_faults() {
     if !fuse_available() {
         return;
@@ -394,6 +392,7 @@ fn soak_eight_readers_through_cycling_faults() {
         serde_json::from_slice(&std::fs::read(remote.path("ctl.json")).unwrap()).unwrap();
     assert!(j["remote"][0]["retries"].as_u64().unwrap() > 0, "{j}");
     proxy.assert_clean();
+}
 }
 
 /// Before/after figures (not a check: prints them), with the default

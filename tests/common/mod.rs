@@ -1,6 +1,9 @@
 //! Shared helpers for integration tests.
 #![allow(dead_code)]
 
+#[allow(unused_imports)]
+pub(crate) use needs::needs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -143,6 +146,7 @@ pub mod capability;
 pub mod fault_proxy;
 pub mod http_server;
 pub mod mount;
+pub mod needs;
 pub mod s3;
 pub mod users;
 
