@@ -22,7 +22,6 @@ use common::*;
 use rknot::backend::{self, Backend};
 use rknot::format::gguf;
 use rknot::format::meta::MetaValue;
-use rknot::quant::GgmlType;
 use serde_json::Value;
 
 fn probe_data(name: &str) -> PathBuf {
@@ -431,22 +430,8 @@ fn other_architectures_get_no_hf_and_index_json_says_why() {
             *k = format!("phi2.{rest}");
         }
     }
-    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
-        .collect();
+    let data = decoded_f32_tensors(b.as_ref());
+    let tensors = as_f32_gguf(&data);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("phi2.gguf");
     let mut out = Vec::new();
@@ -632,22 +617,8 @@ fn tiny_qwen2_with(
     let b = backend::open(&src, None).unwrap();
     let mut md = b.summary().metadata.clone();
     edit(&mut md);
-    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
-        .collect();
+    let data = decoded_f32_tensors(b.as_ref());
+    let tensors = as_f32_gguf(&data);
     let path = dir.join(name);
     let mut out = Vec::new();
     gguf::write_gguf(&mut out, &md, &tensors, 32).unwrap();

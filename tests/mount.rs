@@ -10,7 +10,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::mount::{MountGuard, Mounted, background_pid, fuse_available, is_mounted, mount_bin};
+use common::mount::{
+    MountGuard, Mounted, background_pid, fuse_available, is_mounted, mount_bin,
+    mount_demo_background,
+};
 use common::*;
 use rknot::backend::{self, Backend, Role};
 
@@ -383,20 +386,7 @@ fn background_mode_returns_when_live() {
     let log = dir.path().join("bg.log");
     // Unmounts and stops the daemon if an assertion below fails.
     let mut guard = MountGuard::new(&mp, None);
-    let out = Command::new(mount_bin())
-        .arg(demo_path("tiny-llama.rknot"))
-        .arg(&mp)
-        .arg("--dense")
-        .arg(demo_path("tiny-llama.gguf"))
-        .arg("--log-file")
-        .arg(&log)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = mount_demo_background(&mp, &log);
     let msg = String::from_utf8(out.stdout).unwrap();
     guard.set_pid(background_pid(&msg));
     assert!(

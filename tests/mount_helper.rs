@@ -16,7 +16,10 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::mount::{MountGuard, background_pid, fuse_available, is_mounted, mount_bin, pid_alive};
+use common::demo_path as demo;
+use common::mount::{
+    MountGuard, background_pid, fuse_available, is_mounted, mount_bin, mountpoint, pid_alive,
+};
 
 const HELPER: &str = "/sbin/mount.fuse.rknot";
 
@@ -59,12 +62,6 @@ impl Drop for InstalledHelper {
             let _ = std::fs::rename(b, HELPER);
         }
     }
-}
-
-fn demo(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("demo")
-        .join(name)
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -136,10 +133,7 @@ fn mount_t_fuse_rknot_passes_options_and_umount_ends_the_daemon() {
         return;
     }
     let _helper = InstalledHelper::install();
-    let dir = tempfile::tempdir().unwrap();
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
-    let mp = mp.canonicalize().unwrap();
+    let (dir, mp) = mountpoint();
     let mut guard = MountGuard::new(&mp, None);
     let (src, gguf) = (demo("tiny-llama.rknot"), demo("tiny-llama.gguf"));
 
@@ -237,10 +231,7 @@ fn fstab_line_mounts_with_its_options() {
         return;
     }
     let _helper = InstalledHelper::install();
-    let dir = tempfile::tempdir().unwrap();
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
-    let mp = mp.canonicalize().unwrap();
+    let (dir, mp) = mountpoint();
     let mut guard = MountGuard::new(&mp, None);
     let (src, gguf) = (demo("tiny-llama.rknot"), demo("tiny-llama.gguf"));
     // The documented line (docs/OPERATIONS.md), with this test's paths.

@@ -212,23 +212,8 @@ fn control_characters_from_files_never_reach_ctl_index_or_log_raw() {
         format!("evil{evil}.key"),
         MetaValue::String(evil.to_string()),
     );
-    let tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                GgmlType::F32,
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let refs: Vec<(String, Vec<u64>, GgmlType, &[u8])> = tensors
-        .iter()
-        .map(|(n, s, t, d)| (n.clone(), s.clone(), *t, &d[..]))
-        .collect();
+    let tensors = decoded_f32_tensors(b.as_ref());
+    let refs = as_f32_gguf(&tensors);
     let mut f = std::fs::File::create(&path).unwrap();
     write_gguf(&mut f, &md, &refs, 32).unwrap();
     drop(f);

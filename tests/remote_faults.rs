@@ -331,33 +331,9 @@ struct SmallModel {
 }
 
 fn small_model() -> SmallModel {
-    use rknot::format::gguf::write_gguf;
-    use rknot::format::meta::{MetaValue, Metadata};
-    use rknot::quant::GgmlType;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("small.gguf");
-    let mut md = Metadata::default();
-    md.push("general.architecture", MetaValue::String("test".into()));
-    let mut rng = rknot::synth::Rng(0x5eed_fa17);
-    let (cols, rows) = (1024u64, 256u64);
-    let data: Vec<Vec<u8>> = (0..16)
-        .map(|_| rknot::synth::ggml_blocks(GgmlType::Q8_0, cols * rows, 0.02, &mut rng))
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            (
-                format!("t{i:02}.weight"),
-                vec![cols, rows],
-                GgmlType::Q8_0,
-                &d[..],
-            )
-        })
-        .collect();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    write_gguf(&mut f, &md, &tensors, 32).unwrap();
-    drop(f);
+    q8_0_gguf(&path, 16, 0x5eed_fa17);
     SmallModel { _dir: dir, path }
 }
 

@@ -29,32 +29,8 @@ use rknot::source::SourceFile;
 /// daemon's memory cache of remote blocks, so reads keep going to the
 /// server.
 fn model(dir: &Path) -> PathBuf {
-    use rknot::format::gguf::write_gguf;
-    use rknot::format::meta::{MetaValue, Metadata};
-    use rknot::quant::GgmlType;
     let path = dir.join("soak.gguf");
-    let mut md = Metadata::default();
-    md.push("general.architecture", MetaValue::String("test".into()));
-    let mut rng = rknot::synth::Rng(0x50a6_0001);
-    let (cols, rows) = (1024u64, 256u64);
-    let data: Vec<Vec<u8>> = (0..24)
-        .map(|_| rknot::synth::ggml_blocks(GgmlType::Q8_0, cols * rows, 0.02, &mut rng))
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            (
-                format!("t{i:02}.weight"),
-                vec![cols, rows],
-                GgmlType::Q8_0,
-                &d[..],
-            )
-        })
-        .collect();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    write_gguf(&mut f, &md, &tensors, 32).unwrap();
-    drop(f);
+    common::q8_0_gguf(&path, 24, 0x50a6_0001);
     path
 }
 

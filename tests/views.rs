@@ -374,22 +374,8 @@ fn view_reads_straddle_every_boundary() {
     let fallback_md: &Metadata = &b.fallback_summary().unwrap().metadata;
     let (md, align) = views::gguf_metadata(fallback_md).unwrap();
     assert_eq!(md.get("general.file_type"), Some(&MetaValue::U32(0)));
-    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
-        .collect();
+    let data = decoded_f32_tensors(b.as_ref());
+    let tensors = as_f32_gguf(&data);
     let mut want = Vec::new();
     write_gguf(&mut want, &md, &tensors, align).unwrap();
     let (header, offsets) = rknot::format::gguf::encode_header(
