@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod bench;
 pub mod cache;
+pub mod cli;
 pub mod encode;
 pub mod error;
 pub mod format;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use common::http_server::read_request;
 use common::mount::{Mounted, fuse_available};
 use common::*;
 use rknot::source::{RemoteOptions, SourceFile};
@@ -60,32 +61,14 @@ fn serve(conn: TcpStream, objects: &[Vec<u8>; 2], gets: &AtomicU64) -> std::io::
     let mut r = BufReader::new(conn.try_clone()?);
     let mut w = conn;
     loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
+        let Some(req) = read_request(&mut r)? else {
             return Ok(());
-        }
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or("").to_string();
-        let target = parts.next().unwrap_or("").to_string();
-        let mut range = None;
-        loop {
-            let mut h = String::new();
-            if r.read_line(&mut h)? == 0 {
-                return Ok(());
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = h.split_once(':')
-                && k.eq_ignore_ascii_case("range")
-            {
-                let v = v.trim().trim_start_matches("bytes=");
-                if let Some((s, e)) = v.split_once('-') {
-                    range = Some((s.parse::<u64>().unwrap(), e.parse::<u64>().unwrap()));
-                }
-            }
-        }
+        };
+        let (method, target) = (req.method.as_str(), req.target.as_str());
+        let range = req.header("range").and_then(|v| {
+            let (s, e) = v.trim_start_matches("bytes=").split_once('-')?;
+            Some((s.parse::<u64>().unwrap(), e.parse::<u64>().unwrap()))
+        });
         let query = target.split_once('?').map(|(_, q)| q).unwrap_or("");
         let which = query
             .split('&')
@@ -213,13 +196,9 @@ fn cat_local(path: &Path, tensor: &str) -> Vec<u8> {
     out.stdout
 }
 
+needs! { [fuse]
 /// `--decoded-cache`: a mount of the second object does not serve the
 /// first object's decoded files.
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
-#[test]
 fn decoded_store_keeps_objects_that_differ_only_in_the_query_apart() {
     assert!(fuse_available(), "FUSE is not available here");
     let (a, b) = two_objects();
@@ -265,4 +244,5 @@ fn decoded_store_keeps_objects_that_differ_only_in_the_query_apart() {
     let v = m.ctl_json();
     assert!(v["remote"][0]["bytes_fetched"].as_u64() > Some(0), "{v}");
     assert_eq!(v["decoded_cache"]["builds"].as_u64(), Some(1), "{v}");
+}
 }

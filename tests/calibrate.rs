@@ -330,11 +330,7 @@ fn bad_input_is_a_clear_error() {
     assert!(e.contains("version"), "{e}");
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn smollm2_over_the_committed_calibration_text() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -365,4 +361,5 @@ fn smollm2_over_the_committed_calibration_text() {
             assert!(x.mean_sq.iter().any(|v| *v > 0.0));
         }
     }
+}
 }

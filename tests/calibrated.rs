@@ -297,17 +297,13 @@ fn calibrated_encode_of_the_tiny_model() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("missing.stats"));
 }
 
+needs! { [model]
 /// The CI-sized fidelity check: SmolLM2 encoded with the calibrated
 /// defaults (`--calibrate` on the committed calibration text, the
 /// committed target), then its perplexity over the first windows of the
 /// GPL-3 text against the committed threshold
 /// (tests/data/quality/calibrated_threshold.json), its whole-file size
 /// against the target, and " Paris" first.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn smollm2_calibrated_default_keeps_its_fidelity() {
     let Some(model) = smollm2() else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -396,4 +392,5 @@ fn smollm2_calibrated_default_keeps_its_fidelity() {
     ]);
     let so = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(so.contains("\" Paris\""), "{so}");
+}
 }

@@ -25,15 +25,11 @@ fn demo_copy(dir: &Path) -> std::path::PathBuf {
     p
 }
 
+needs! { [fuse]
 /// Item 1: with the documented `-o allow_other,uid=U,gid=G`, user U owns
 /// the tensor files but may not command the daemon: not by opening ctl,
 /// and not through a descriptor root opened and handed over (commands are
 /// authorised by the credentials of each request, not by the mode shown).
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn only_root_and_the_daemon_user_may_command() {
     if !fuse_available() {
         return;
@@ -128,14 +124,11 @@ fn only_root_and_the_daemon_user_may_command() {
     let mut f = std::fs::OpenOptions::new().write(true).open(&ctl).unwrap();
     f.write_all(b"drop-cache\n").unwrap();
 }
+}
 
+needs! { [fuse]
 /// Item 15: every read of one open sees one rendering, however the state
 /// changes between reads (a JSON reader never gets halves of two).
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn ctl_reads_come_from_one_snapshot_per_open() {
     if !fuse_available() {
         return;
@@ -197,15 +190,12 @@ fn ctl_reads_come_from_one_snapshot_per_open() {
         assert!(fresh["reads"]["total"].as_u64().unwrap() >= before + 20);
     }
 }
+}
 
+needs! { [fuse]
 /// Item 16: commands are lines, whatever the write() boundaries; a write
 /// with a bad line runs nothing; bad UTF-8 and over-long lines are refused;
 /// a last line without a newline runs at close.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn ctl_commands_are_lines_checked_whole() {
     if !fuse_available() {
         return;
@@ -290,14 +280,11 @@ fn ctl_commands_are_lines_checked_whole() {
     }
     assert_eq!(listing(jobs.path()), ["b.knot", "model.gguf"]);
 }
+}
 
+needs! { [fuse]
 /// Item 17: 2,000 opens that ask isatty() (as every Python open does), and
 /// 2,000 failing reads, grow the log by a few lines, not thousands.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn opens_and_failed_reads_do_not_flood_the_log() {
     if !fuse_available() {
         return;
@@ -354,16 +341,13 @@ fn opens_and_failed_reads_do_not_flood_the_log() {
     // (The kernel's read-ahead adds a few failing reads of its own.)
     assert!(m.ctl_json()["reads"]["errors"].as_u64().unwrap() >= 2000);
 }
+}
 
+needs! { [fuse]
 /// Every mount has `ctl.json`, the read-only status, with or without
 /// encoding jobs (`-o nojobs` here; a remote mount without `--jobs-dir`
 /// likewise): mode 0444, so another user reads the status that `ctl`
 /// (0600, the owner's) keeps from them.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn ctl_json_is_served_without_jobs_and_readable_by_other_users() {
     if !fuse_available() {
         return;
@@ -397,4 +381,5 @@ fn ctl_json_is_served_without_jobs_and_readable_by_other_users() {
     assert_eq!(modes, "444\n600\n");
     let theirs: serde_json::Value = serde_json::from_str(json).unwrap();
     assert!(theirs["reads"]["total"].is_u64(), "{theirs}");
+}
 }

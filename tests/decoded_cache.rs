@@ -61,15 +61,7 @@ fn demo() -> (PathBuf, PathBuf) {
     (demo_path("tiny-llama.rknot"), demo_path("tiny-llama.gguf"))
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [model, fuse]
 fn every_tensor_file_and_view_is_exact_through_passthrough() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -116,12 +108,9 @@ fn every_tensor_file_and_view_is_exact_through_passthrough() {
         assert_eq!(mode & 0o777, 0o600, "{}", p.display());
     }
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn a_layered_rknot_is_served_exactly_and_reused_after_a_remount() {
     if !fuse_available() {
         return;
@@ -169,18 +158,11 @@ fn a_layered_rknot_is_served_exactly_and_reused_after_a_remount() {
         assert_eq!(m.ctl_json()["reads"]["total"].as_u64(), Some(0));
     }
 }
+}
 
+needs! { [model, fuse]
 /// Several processes open the same view at once while its first decode
 /// runs: one decode, the same bytes for all.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn concurrent_first_opens_wait_for_one_decode() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -219,18 +201,11 @@ fn concurrent_first_opens_wait_for_one_decode() {
     assert_eq!(n(&d, "builds"), 1, "{d}");
     assert_eq!(n(&d, "passthrough_opens"), 4, "{d}");
 }
+}
 
+needs! { [model, fuse]
 /// kill -9 of the daemon while it decodes into the cache: the next mount
 /// never serves the partial file, removes it, and serves correct bytes.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn kill_9_during_a_decode_leaves_nothing_that_is_served() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -284,12 +259,9 @@ fn kill_9_during_a_decode_leaves_nothing_that_is_served() {
         m2.log()
     );
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn a_corrupted_entry_is_detected_and_rebuilt() {
     if !fuse_available() {
         return;
@@ -318,12 +290,9 @@ fn a_corrupted_entry_is_detected_and_rebuilt() {
     assert_eq!((n(&d, "bad_entries"), n(&d, "builds")), (1, 1), "{d}");
     assert!(m.log().contains("is bad (CRC-32"), "{}", m.log());
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn entries_of_a_changed_source_are_not_used_and_are_evicted() {
     if !fuse_available() {
         return;
@@ -350,14 +319,11 @@ fn entries_of_a_changed_source_are_not_used_and_are_evicted() {
     let d = decoded(&m);
     assert_eq!((n(&d, "builds"), n(&d, "hits")), (1, 0), "{d}");
 }
+}
 
+needs! { [fuse]
 /// Under a limit that holds one of two files: the open one is kept (the
 /// other is served by the daemon meanwhile), and evicted once closed.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn eviction_never_removes_an_open_file() {
     if !fuse_available() {
         return;
@@ -398,14 +364,11 @@ fn eviction_never_removes_an_open_file() {
     assert_eq!((n(&d, "evictions"), n(&d, "entries")), (1, 1), "{d}");
     assert!(n(&d, "bytes") <= n(&d, "limit"), "{d}");
 }
+}
 
+needs! { [fuse]
 /// `--no-passthrough` (as on a kernel or user without passthrough): the
 /// mount serves as without a store and says so once.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn without_passthrough_files_are_served_by_the_daemon_and_it_says_so_once() {
     if !fuse_available() {
         return;
@@ -439,12 +402,9 @@ fn without_passthrough_files_are_served_by_the_daemon_and_it_says_so_once() {
     );
     assert!(cache_files(&dir, ".data").is_empty());
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn an_unsafe_cache_directory_refuses_the_mount() {
     if !fuse_available() {
         return;
@@ -489,14 +449,11 @@ fn an_unsafe_cache_directory_refuses_the_mount() {
         );
     }
 }
+}
 
+needs! { [fuse]
 /// A plain SHA256SUMS under unverified=allow may find a file bad after its
 /// bytes were served: nothing is stored in the cache for such a mount.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn whole_file_manifests_under_unverified_allow_turn_passthrough_off() {
     if !fuse_available() {
         return;
@@ -531,4 +488,5 @@ fn whole_file_manifests_under_unverified_allow_turn_passthrough_off() {
         "{d}"
     );
     assert!(cache_files(&dir, ".data").is_empty());
+}
 }

@@ -24,14 +24,10 @@ fn json(path: &str) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
+needs! { [model]
 /// The exact SVD (Jacobi on the Gram matrix) agrees with LAPACK's, and the
 /// randomized SVD's truncation error is within 1% of the exact optimum on
 /// real SmolLM2 matrices.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn randomized_svd_is_within_one_percent_of_exact() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -71,6 +67,7 @@ fn randomized_svd_is_within_one_percent_of_exact() {
         );
         assert!(err <= optimal * 1.01, "{name}: {err} > 1.01 x {optimal}");
     }
+}
 }
 
 /// `rknot encode KIND MODEL -o OUT EXTRA...`, as arguments.
@@ -170,11 +167,7 @@ fn read_every_tensor_through_mount(encoded: &Path, model: &Path) {
     }
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn sk32_rank64_encode_verify_mount() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -194,12 +187,9 @@ fn sk32_rank64_encode_verify_mount() {
     assert_eq!(std::fs::read(&out).unwrap(), before);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn rknot_seed_and_faithful_encode_verify_mount() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -213,6 +203,7 @@ fn rknot_seed_and_faithful_encode_verify_mount() {
         check_verify_against_numpy(&out, &model);
         read_every_tensor_through_mount(&out, &model);
     }
+}
 }
 
 /// Defaults that work: `encode rknot` without a profile is the faithful
@@ -258,11 +249,7 @@ fn defaults_keep_the_model_and_lossy_encodings_say_what_they_cost() {
     );
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn knot_repack_is_lossless() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -281,13 +268,10 @@ fn knot_repack_is_lossless() {
     assert_eq!(v["tensors"].as_array().unwrap().len(), 272);
     assert_eq!(v["overall"]["rel_err"], 0.0);
 }
+}
 
+needs! { [model]
 /// A killed encoding leaves nothing at the target path.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn killed_encoding_leaves_no_target() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -321,6 +305,7 @@ fn killed_encoding_leaves_no_target() {
         let n = e.unwrap().file_name().to_string_lossy().to_string();
         assert!(n.starts_with(".killed.rknot.tmp."), "{n}");
     }
+}
 }
 
 /// `rknot encode` creates its output with at most the input's permission

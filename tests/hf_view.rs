@@ -22,7 +22,6 @@ use common::*;
 use rknot::backend::{self, Backend};
 use rknot::format::gguf;
 use rknot::format::meta::MetaValue;
-use rknot::quant::GgmlType;
 use serde_json::Value;
 
 fn probe_data(name: &str) -> PathBuf {
@@ -137,15 +136,7 @@ fn check_odd_reads(path: &Path, start: u64, want: &[u8]) {
     }
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [model, fuse]
 fn smollm2_hf_listing_config_and_tensors() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -307,12 +298,9 @@ fn smollm2_hf_listing_config_and_tensors() {
     assert!(ctl.contains("errors 0"), "{ctl}");
     assert!(ctl.contains("hf/model.safetensors"), "{ctl}");
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn layered_rknot_serves_hf() {
     if !fuse_available() {
         return;
@@ -380,12 +368,9 @@ fn layered_rknot_serves_hf() {
     let log = mc.log();
     assert!(log.contains("decoded cache: hf/model.safetensors"), "{log}");
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn qwen2_rows_are_served_as_stored() {
     if !fuse_available() {
         return;
@@ -427,12 +412,9 @@ fn qwen2_rows_are_served_as_stored() {
         "qwen2's split regex"
     );
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn other_architectures_get_no_hf_and_index_json_says_why() {
     if !fuse_available() {
         return;
@@ -448,22 +430,8 @@ fn other_architectures_get_no_hf_and_index_json_says_why() {
             *k = format!("phi2.{rest}");
         }
     }
-    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
-        .collect();
+    let data = decoded_f32_tensors(b.as_ref());
+    let tensors = as_f32_gguf(&data);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("phi2.gguf");
     let mut out = Vec::new();
@@ -483,6 +451,7 @@ fn other_architectures_get_no_hf_and_index_json_says_why() {
     );
     // The root's own views are unaffected.
     assert!(m.path("model.safetensors").exists());
+}
 }
 
 /// transformers' GGUF loader, `rknot probe` and llama.cpp's token ids
@@ -581,19 +550,7 @@ fn run_py(py: &std::ffi::OsStr, script: &str, args: &[&std::ffi::OsStr]) -> Stri
     out
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_hf,
-    ignore = "opt-in: set RKNOT_HF_PYTHON to a python3 with torch and transformers: tools/hf-env.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_hf)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_hf), not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [hf, model, fuse]
 fn transformers_loads_the_hf_view() {
     let Some(py) = std::env::var_os("RKNOT_HF_PYTHON").filter(|p| !p.is_empty()) else {
         eprintln!("NOTE: skipping: set RKNOT_HF_PYTHON to a python3 with torch and transformers");
@@ -647,6 +604,7 @@ fn transformers_loads_the_hf_view() {
     );
     assert!(out.contains("TENSORS"), "{out}");
 }
+}
 
 /// tests/data/probe/tiny-qwen2.gguf with its metadata edited, written to
 /// `dir` (F32 tensors).
@@ -659,22 +617,8 @@ fn tiny_qwen2_with(
     let b = backend::open(&src, None).unwrap();
     let mut md = b.summary().metadata.clone();
     edit(&mut md);
-    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
-        .collect();
+    let data = decoded_f32_tensors(b.as_ref());
+    let tensors = as_f32_gguf(&data);
     let path = dir.join(name);
     let mut out = Vec::new();
     gguf::write_gguf(&mut out, &md, &tensors, 32).unwrap();
@@ -721,6 +665,7 @@ for text in ["the he<|endoftext|>", " the  he a b", "a b<think>x he", ""]:
 print("VOCAB", len(a))
 "#;
 
+needs! { [hf, fuse]
 /// Every tokenizer.json hf/ renders loads in the `tokenizers` library with
 /// the ids transformers' GGUF loader gives (issue 26, item 5): duplicate
 /// spellings (a control token and the bos token among them), an empty
@@ -731,15 +676,6 @@ print("VOCAB", len(a))
 /// tokenizer put the GGUF's bos id (a spelling's earlier id, which the
 /// vocabulary does not list) in front of every text, and the bad merge's
 /// tokenizer.json made the library panic.
-#[test]
-#[cfg_attr(
-    rknot_no_hf,
-    ignore = "opt-in: set RKNOT_HF_PYTHON to a python3 with torch and transformers: tools/hf-env.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_hf)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn tokenizers_load_every_rendered_tokenizer() {
     let Some(py) = std::env::var_os("RKNOT_HF_PYTHON").filter(|p| !p.is_empty()) else {
         eprintln!("NOTE: skipping: set RKNOT_HF_PYTHON to a python3 with torch and transformers");
@@ -815,4 +751,5 @@ fn tokenizers_load_every_rendered_tokenizer() {
             "{name}"
         );
     }
+}
 }

@@ -12,6 +12,8 @@
 //! every measurement.
 
 mod common;
+
+use common::needs;
 #[path = "common/hostile.rs"]
 mod hostile;
 
@@ -117,13 +119,9 @@ fn json_headers_of_64_and_128_mib_stay_within_the_memory_bound() {
     }
 }
 
+needs! { [fuse]
 /// A mount of each 64 MiB header: the daemon's peak RSS (VmHWM once it
 /// serves index.json) stays within the bound, or it refuses to start.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn mount_of_hostile_headers_stays_within_the_memory_bound() {
     if !common::mount::fuse_available() {
         return;
@@ -173,6 +171,7 @@ fn mount_of_hostile_headers_stays_within_the_memory_bound() {
         }
         std::fs::remove_file(&path).unwrap();
     }
+}
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::mount::{Mounted, fuse_available};
-use common::{demo_path, run_rknot};
+use common::{demo_path, needs, run_rknot};
 use rknot::ErrorKind;
 use rknot::backend::{self, ParsedFile, Role};
 
@@ -283,11 +283,7 @@ fn sk32_and_knot_corruption_matrix() {
     refused_at_open(&p, ErrorKind::Checksum, "no KSUM record");
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn the_mount_fails_only_the_damaged_tensor_and_counts_it() {
     if !fuse_available() {
         return;
@@ -318,6 +314,7 @@ fn the_mount_fails_only_the_damaged_tensor_and_counts_it() {
     // Read again: still EIO, still one log line per window for it.
     assert!(std::fs::read(m.path(&format!("{q}.f32"))).is_err());
     let _ = &f.dir;
+}
 }
 
 /// Files written before checksums existed (the same files with the record

@@ -22,15 +22,7 @@ fn command(m: &Mounted, line: &str) -> Result<(), i32> {
         .map_err(|e| e.raw_os_error().unwrap_or(0))
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [model, fuse]
 fn jobs_progress_cancel_and_validation() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -125,18 +117,11 @@ fn jobs_progress_cancel_and_validation() {
     let dir: Vec<String> = listing(&m.path("jobs"));
     assert_eq!(dir, ["1", "2", "3"]);
 }
+}
 
+needs! { [model, fuse]
 /// Unmount cancels running jobs and removes their temporary files; kill -9
 /// of the daemon leaves nothing at the target path.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn unmount_and_kill_leave_no_output() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -178,14 +163,11 @@ fn unmount_and_kill_leave_no_output() {
         }
     }
 }
+}
 
+needs! { [fuse]
 /// ctl is 0600: with allow_other another user reads tensors but cannot
 /// start jobs.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn other_users_cannot_start_jobs() {
     if !fuse_available() {
         return;
@@ -233,6 +215,7 @@ fn other_users_cannot_start_jobs() {
     assert!(st.success());
     assert!(!base.path().join("x.knot").exists());
 }
+}
 
 /// Copy `from` to `dir/name` with permission bits `mode`.
 fn copy_with_mode(from: &Path, dir: &Path, name: &str, mode: u32) -> std::path::PathBuf {
@@ -246,14 +229,10 @@ fn mode_of(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
 }
 
+needs! { [fuse]
 /// A job's output has at most the permission bits of the mount's source
 /// files (the mounted file and its fallback): a private model never yields
 /// a world-readable encoding.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn job_outputs_get_at_most_the_sources_mode() {
     if !fuse_available() {
         return;
@@ -297,6 +276,7 @@ fn job_outputs_get_at_most_the_sources_mode() {
         }
     }
 }
+}
 
 /// Wait until job `id` has encoded a tensor: its output (the temporary
 /// file) exists by then.
@@ -312,19 +292,11 @@ fn wait_started(m: &Mounted, id: u64) {
     }
 }
 
+needs! { [model, fuse]
 /// Nothing replaces a file that is not the job's to replace: a second job
 /// with the same output is refused at submit, and a file that appears at the
 /// target while the job runs (by hand, or written by `rknot encode`)
 /// survives; the job fails naming it and leaves no temporary file.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -375,15 +347,12 @@ fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
     assert_eq!(std::fs::read(out.path().join("b.sk32")).unwrap(), cli_bytes);
     assert_eq!(listing(out.path()), ["a.sk32", "b.sk32"]);
 }
+}
 
+needs! { [fuse]
 /// A job may never write over a source of the mount (the mounted file, the
 /// fallback; under any name, a hard link included), with or without
 /// overwrite=1.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn jobs_never_overwrite_a_source_of_the_mount() {
     if !fuse_available() {
         return;
@@ -429,18 +398,11 @@ fn jobs_never_overwrite_a_source_of_the_mount() {
         before
     );
 }
+}
 
+needs! { [model, fuse]
 /// Jobs encode the model the mount serves, read through its open file: a
 /// different model renamed over the source path changes nothing.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn jobs_read_the_mounted_file_not_the_path() {
     let Some(smol) = smollm2() else { return };
     if !fuse_available() {
@@ -479,14 +441,11 @@ fn jobs_read_the_mounted_file_not_the_path() {
     let q = sk.find("blk.0.attn_q.weight").unwrap();
     assert_eq!(sk.tensors().entries()[q].shape, [256, 256]);
 }
+}
 
+needs! { [fuse]
 /// A commit that fails (the output is a directory) leaves no temporary
 /// file; an out= name of 255 bytes (the longest accepted) works.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn failed_commits_leave_nothing_and_long_names_work() {
     if !fuse_available() {
         return;
@@ -507,19 +466,12 @@ fn failed_commits_leave_nothing_and_long_names_work() {
     assert_eq!(j["state"], "done", "{j}");
     assert_eq!(listing(dir.path()), ["d.knot", long.as_str()]);
 }
+}
 
+needs! { [model, fuse]
 /// The job list is bounded: at most 16 queued (a submit beyond fails with
 /// EINVAL and the reason), the last 64 finished; older ones expire from
 /// ctl.json and jobs/.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn job_list_is_bounded() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -570,4 +522,5 @@ fn job_list_is_bounded() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(m.ctl_json()["jobs"].as_array().unwrap().len(), 64);
+}
 }

@@ -98,15 +98,11 @@ fn mount_at(mountinfo: &str, mp: &Path) -> Option<MountEntry> {
         .find(|m| Path::new(&m.mount_point) == mp)
 }
 
+needs! { [fuse]
 /// Item 8: a source named `m,allow_other.gguf` or `a,ro.gguf`, or an
 /// `-o fsname=` with a backslash, must not add, drop or break mount options
 /// on the fusermount3 path (a non-root user), and the mount's source is
 /// the name unchanged.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn source_names_cannot_change_fusermount_options() {
     if !fuse_available() {
         return;
@@ -164,14 +160,11 @@ fn source_names_cannot_change_fusermount_options() {
     assert_eq!(sums.matches(&want).count(), 3, "{sums}");
     assert!(daemons.wait_all().is_empty(), "daemons left after unmount");
 }
+}
 
+needs! { [fuse]
 /// Item 8, root: mount(2) gets the source name verbatim (no escaping shows
 /// up in /proc/mounts) and it adds no option either.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn root_mount_source_name_is_verbatim() {
     if !fuse_available() {
         return;
@@ -186,6 +179,7 @@ fn root_mount_source_name_is_verbatim() {
         !e.super_options.split(',').any(|o| o == "allow_other"),
         "{e:?}"
     );
+}
 }
 
 /// The message for a /dev/fuse this user may not open names the device,
@@ -204,13 +198,9 @@ fn assert_device_advice(o: &Output, mode: &str) {
     }
 }
 
+needs! { [fuse]
 /// Item 22: a non-root user and a root-only /dev/fuse get advice, not a
 /// bare "Permission denied"; nothing is mounted.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn root_only_dev_fuse_is_explained() {
     if !fuse_available() {
         return;
@@ -248,15 +238,12 @@ fn root_only_dev_fuse_is_explained() {
     assert!(!is_mounted(&mp));
     assert_eq!(std::fs::read_dir(&mp).unwrap().count(), 0);
 }
+}
 
+needs! { [fuse]
 /// Item 20: after kill -9 the mount is dead even when the kernel still
 /// answers `stat` of its root from cache; mounting again says so, with the
 /// way to clear it, instead of "already a mount point".
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn dead_mount_after_kill9_gets_the_hint() {
     if !fuse_available() {
         return;
@@ -293,7 +280,9 @@ fn dead_mount_after_kill9_gets_the_hint() {
     );
     assert!(!is_mounted(&m.mp));
 }
+}
 
+needs! { [fuse]
 /// Item 20, a hung daemon: mounting again over a mount whose daemon does
 /// not answer (stopped here with SIGSTOP) is refused within the probe's
 /// 5 s with the way to clear it, and nothing stats the mountpoint before
@@ -301,11 +290,6 @@ fn dead_mount_after_kill9_gets_the_hint() {
 /// (ours lasts an hour, so a daemon hung for longer) waits for the daemon;
 /// it came first, and rknot-mount hung with the mount. strace shows the
 /// order, since the cache cannot be expired from here.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn hung_daemon_is_probed_before_its_mountpoint_is_stat() {
     if !fuse_available() {
         return;
@@ -371,15 +355,12 @@ fn hung_daemon_is_probed_before_its_mountpoint_is_stat() {
         on_mp.join("\n")
     );
 }
+}
 
+needs! { [fuse]
 /// Item 21: without --log-file, a background daemon logs to a bounded file
 /// name even when the mountpoint's path is longer than NAME_MAX, and says
 /// where.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn background_default_log_name_is_bounded() {
     if !fuse_available() {
         return;
@@ -435,6 +416,7 @@ fn background_default_log_name_is_bounded() {
         "{logged}"
     );
 }
+}
 
 /// Wait until the daemon's log contains `what` (up to 30 s).
 fn wait_log(m: &Mounted, what: &str) {
@@ -454,19 +436,11 @@ fn uncached_read(f: &std::fs::File) -> std::io::Result<usize> {
     f.read_at(&mut [0u8; 4096], 0)
 }
 
+needs! { [model, fuse]
 /// Item 19: SIGTERM while a reader holds a tensor file open and a job runs.
 /// The job is cancelled at once and removes its temporary file, the mount
 /// is detached, and after the grace period (--stop-timeout) the connection
 /// is aborted and the daemon exits 0: the open file fails from then on.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn sigterm_with_an_open_file_stops_after_the_grace_period() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -512,15 +486,12 @@ fn sigterm_with_an_open_file_stops_after_the_grace_period() {
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
     assert!(!pid_alive(m.pid() as i32));
 }
+}
 
+needs! { [fuse]
 /// Item 19: during the grace period open files keep working; a second
 /// signal cuts them off and ends the daemon at once, however long the grace
 /// period.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn second_signal_ends_the_grace_period() {
     if !fuse_available() {
         return;
@@ -554,4 +525,5 @@ fn second_signal_ends_the_grace_period() {
     let err = uncached_read(&held).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN), "{err}");
     assert!(!pid_alive(m.pid() as i32));
+}
 }

@@ -173,19 +173,7 @@ fn tools_on_the_view(bin: &Path, source: &Path) -> String {
     estimate
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_llama_cpp,
-    ignore = "opt-in: set RKNOT_LLAMA_BIN to the bin directory of tools/llama-cpp.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_llama_cpp)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_llama_cpp), not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [llama_cpp, model, fuse]
 fn llama_cpp_tools_on_the_gguf_view() {
     let Some(bin) = llama_bin() else { return };
     let Some(model) = smollm2() else { return };
@@ -215,24 +203,13 @@ fn llama_cpp_tools_on_the_gguf_view() {
         "perplexity: mount vs the committed llama.cpp figure"
     );
 }
+}
 
+needs! { [llama_cpp, model, fuse]
 /// The same on a self-contained `.rknot` that `rknot encode rknot` makes
 /// from SmolLM2 with its defaults (lossy: about 5.8 bits per weight, 30 s):
 /// llama.cpp on the mount still answers " Paris", and the perplexity of the
 /// decoded weights is the same through the mount as from a local copy.
-#[test]
-#[cfg_attr(
-    rknot_no_llama_cpp,
-    ignore = "opt-in: set RKNOT_LLAMA_BIN to the bin directory of tools/llama-cpp.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_llama_cpp)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_llama_cpp), not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn llama_cpp_tools_on_a_self_contained_rknot() {
     let Some(bin) = llama_bin() else { return };
     let Some(model) = smollm2() else { return };
@@ -250,4 +227,5 @@ fn llama_cpp_tools_on_a_self_contained_rknot() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     tools_on_the_view(&bin, &encoded);
+}
 }

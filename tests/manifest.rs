@@ -426,11 +426,7 @@ fn read_all(m: &Mounted, b: &dyn Backend) -> Vec<(String, std::io::Result<Vec<u8
         .collect()
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn mount_with_manifest_serves_the_same_bytes() {
     if !fuse_available() {
         return;
@@ -478,12 +474,9 @@ fn mount_with_manifest_serves_the_same_bytes() {
         via_o.ctl()
     );
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn mount_fails_only_the_flipped_tensor() {
     if !fuse_available() {
         return;
@@ -534,6 +527,7 @@ fn mount_fails_only_the_flipped_tensor() {
     assert_eq!(count("which differs from manifest"), 1, "{log}");
     assert_eq!(count(&format!("of {VICTIM}.f32")), 1, "{log}");
 }
+}
 
 /// `rknot-mount` in the background with `args`; must fail with `want`.
 fn mount_refused(source: &Path, args: &[&str], want: &str) {
@@ -555,11 +549,7 @@ fn mount_refused(source: &Path, args: &[&str], want: &str) {
     assert!(!is_mounted(&mp.canonicalize().unwrap()));
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn mount_refuses_header_flips_and_foreign_manifests() {
     if !fuse_available() {
         return;
@@ -605,6 +595,7 @@ fn mount_refuses_header_flips_and_foreign_manifests() {
     flip(gguf, header_byte(gguf));
     mount_refused(gguf, &["--manifest", sums_arg], "header sha256");
 }
+}
 
 /// A plain SHA256SUMS line for `path` (what `sha256sum` writes).
 fn plain_sums(path: &Path, out: &Path) {
@@ -627,11 +618,7 @@ fn wait_whole(m: &Mounted, state: &str) -> serde_json::Value {
     }
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn plain_sha256sums_good_file_serves_after_verification() {
     if !fuse_available() {
         return;
@@ -664,6 +651,7 @@ fn plain_sha256sums_good_file_serves_after_verification() {
         assert!(m.log().contains("whole-file sha256 matches"), "{}", m.log());
     }
 }
+}
 
 /// A copy of the demo GGUF followed by `extra` bytes of zeros (a hole: no
 /// disk), so its whole-file check takes a while; its SHA256SUMS; and the
@@ -687,11 +675,7 @@ fn slow_bad_file(extra: u64) -> (tempfile::TempDir, PathBuf, PathBuf) {
     (dir, gguf, sums)
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn plain_sha256sums_bad_file_hold_fails_reads_and_ctl_answers_meanwhile() {
     if !fuse_available() {
         return;
@@ -750,12 +734,9 @@ fn plain_sha256sums_bad_file_hold_fails_reads_and_ctl_answers_meanwhile() {
         "{log}"
     );
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn plain_sha256sums_bad_file_allow_serves_until_the_check_fails() {
     if !fuse_available() {
         return;
@@ -792,4 +773,5 @@ fn plain_sha256sums_bad_file_allow_serves_until_the_check_fails() {
         assert_eq!(e.raw_os_error(), Some(libc::EIO), "{t}: {e}");
     }
     assert!(m.ctl().contains("whole file failed"), "{}", m.ctl());
+}
 }

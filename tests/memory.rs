@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::needs;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -118,6 +120,7 @@ impl Drop for BusyCpus {
     }
 }
 
+needs! { [fuse]
 /// A cold sequential read of one tensor decodes each chunk about once at
 /// any cache size (issue 9, item 18: decoded/served <= 1.2 at any cache of
 /// 2 chunks or more): the read-ahead window never holds more chunks than
@@ -137,11 +140,6 @@ impl Drop for BusyCpus {
 /// runs with the CPUs busy, re-decoding two chunks), so those cases are
 /// held to the issue's 1.2. The 2-chunk cases run three times each with every CPU kept
 /// busy ([`BusyCpus`]): before the fix they failed 5 runs out of 5.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
     if !fuse_available() {
         return;
@@ -213,7 +211,9 @@ fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+}
 
+needs! { [fuse]
 /// Peak RSS with 16 MiB chunks, 16 FUSE threads and 4 read-ahead threads,
 /// 16 readers of different tensors at once through a 64 MiB cache: within
 /// the formula of docs/OPERATIONS.md (`--cache-mb`),
@@ -221,11 +221,6 @@ fn sequential_read_decodes_each_chunk_about_once_at_any_cache_size() {
 /// peak once mounted, before any read. Before, in-flight decodes, chunks
 /// held by replies after eviction and per-thread scratch buffers (up to
 /// 2 x 32 MiB each) took it to 574 MiB.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn peak_rss_stays_within_the_formula_with_large_chunks() {
     if !fuse_available() {
         return;
@@ -284,6 +279,7 @@ fn peak_rss_stays_within_the_formula_with_large_chunks() {
         peak_kib <= bound_kib,
         "peak RSS {peak_kib} KiB > fixed {fixed_kib} KiB + {bound_mib} MiB"
     );
+}
 }
 
 /// The daemon's resident memory now, in KiB (VmRSS of /proc/PID/status).
@@ -412,6 +408,7 @@ fn big_merges() -> (Vec<String>, Vec<String>) {
     (tokens, merges)
 }
 
+needs! { [fuse]
 /// hf/'s tokenizer files cost a mount next to nothing, however large the
 /// tokenizer (2 M merges; 1 M tokens; a 50 MB chat template): the daemon's
 /// peak and steady RSS with them (after reading both files whole) stay
@@ -425,11 +422,6 @@ fn big_merges() -> (Vec<String>, Vec<String>) {
 /// template. (The root's model.gguf and model.safetensors views hold the
 /// metadata too; docs/OPERATIONS.md, "Untrusted files", says what a mount
 /// adds to opening the file.)
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn huge_tokenizer_files_cost_the_mount_next_to_nothing() {
     if !fuse_available() {
         return;
@@ -568,4 +560,5 @@ fn huge_tokenizer_files_cost_the_mount_next_to_nothing() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
 }

@@ -10,7 +10,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::mount::{MountGuard, Mounted, background_pid, fuse_available, is_mounted, mount_bin};
+use common::mount::{
+    MountGuard, Mounted, background_pid, fuse_available, is_mounted, mount_bin,
+    mount_demo_background,
+};
 use common::*;
 use rknot::backend::{self, Backend, Role};
 
@@ -24,15 +27,7 @@ impl Rng {
     }
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [model, fuse]
 fn smollm2_every_tensor_through_the_mount() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -85,16 +80,9 @@ fn smollm2_every_tensor_through_the_mount() {
     let ctl = m.ctl();
     assert!(ctl.contains("reads:") && ctl.contains("errors 0"), "{ctl}");
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [model, fuse]
 fn smollm2_random_dd_reads_and_numpy_memmap() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -157,17 +145,10 @@ fn smollm2_random_dd_reads_and_numpy_memmap() {
         assert_eq!(s.trim(), format!("{} {want}", 1536 * 576), "numpy.memmap");
     }
 }
+}
 
+needs! { [model, fuse]
 /// An SK32 made from SmolLM2 weights with the GGUF as fallback.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn sk32_over_gguf_fallback() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -218,14 +199,11 @@ fn sk32_over_gguf_fallback() {
         "vocab table comes from the fallback"
     );
 }
+}
 
+needs! { [fuse]
 /// 8 readers on random tensors and offsets, with a cache smaller than one
 /// tensor: every byte right, no errors.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn concurrent_readers_small_cache() {
     if !fuse_available() {
         return;
@@ -293,15 +271,12 @@ fn concurrent_readers_small_cache() {
     assert!(ctl.contains("errors 0"), "{ctl}");
     assert!(ctl.contains("capacity 1048576 B"), "{ctl}");
 }
+}
 
+needs! { [fuse]
 /// Truncate the source under the mount: it changed, so reads of what was
 /// not decoded before fail with ESTALE (even blocks the truncation kept) and
 /// are logged; what was decoded before keeps being served.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn truncated_source_gives_estale_not_a_crash() {
     if !fuse_available() {
         return;
@@ -347,6 +322,7 @@ fn truncated_source_gives_estale_not_a_crash() {
         m.log()
     );
 }
+}
 
 trait Alive {
     fn try_wait_alive(&mut self) -> bool;
@@ -359,11 +335,7 @@ impl Alive for Mounted {
     }
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn sigterm_sigint_and_external_unmount_exit_zero() {
     if !fuse_available() {
         return;
@@ -401,12 +373,9 @@ fn sigterm_sigint_and_external_unmount_exit_zero() {
         );
     }
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn background_mode_returns_when_live() {
     if !fuse_available() {
         return;
@@ -417,20 +386,7 @@ fn background_mode_returns_when_live() {
     let log = dir.path().join("bg.log");
     // Unmounts and stops the daemon if an assertion below fails.
     let mut guard = MountGuard::new(&mp, None);
-    let out = Command::new(mount_bin())
-        .arg(demo_path("tiny-llama.rknot"))
-        .arg(&mp)
-        .arg("--dense")
-        .arg(demo_path("tiny-llama.gguf"))
-        .arg("--log-file")
-        .arg(&log)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = mount_demo_background(&mp, &log);
     let msg = String::from_utf8(out.stdout).unwrap();
     guard.set_pid(background_pid(&msg));
     assert!(
@@ -465,12 +421,9 @@ fn background_mode_returns_when_live() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("unmounted"), "{text}");
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn tools_work_and_writes_are_refused() {
     if !fuse_available() {
         return;
@@ -538,14 +491,11 @@ fn tools_work_and_writes_are_refused() {
     assert!(!ok);
     assert!(m.ctl().contains("unknown command \"frobnicate\""));
 }
+}
 
+needs! { [fuse]
 /// Each bad invocation: its message, exit code 1 (2 for a usage error),
 /// nothing mounted.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn bad_usage_messages() {
     if !fuse_available() {
         return;
@@ -611,14 +561,11 @@ fn bad_usage_messages() {
         .unwrap();
     assert!(s.contains("rknot-mount"));
 }
+}
 
+needs! { [fuse]
 /// The systemd unit's command line, with its EnvironmentFile, and the
 /// Type=notify readiness message.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn systemd_unit_command_line_and_notify() {
     if !fuse_available() {
         return;
@@ -695,18 +642,11 @@ fn systemd_unit_command_line_and_notify() {
     assert!(st.success(), "{st}");
     assert!(!is_mounted(&mp.canonicalize().unwrap()));
 }
+}
 
+needs! { [model, fuse]
 /// Streaming a model several times larger than the cache keeps the
 /// daemon's resident memory within the cache plus a small fixed overhead.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn memory_stays_bounded_while_streaming() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -744,4 +684,5 @@ fn memory_stays_bounded_while_streaming() {
         streamed >> 20,
         hwm_kb >> 10
     );
+}
 }

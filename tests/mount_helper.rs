@@ -9,12 +9,17 @@
 
 mod common;
 
+use common::needs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::mount::{MountGuard, background_pid, fuse_available, is_mounted, mount_bin, pid_alive};
+use common::demo_path as demo;
+use common::mount::{
+    MountGuard, background_pid, fuse_available, is_mounted, mount_bin, mountpoint, pid_alive,
+};
 
 const HELPER: &str = "/sbin/mount.fuse.rknot";
 
@@ -57,12 +62,6 @@ impl Drop for InstalledHelper {
             let _ = std::fs::rename(b, HELPER);
         }
     }
-}
-
-fn demo(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("demo")
-        .join(name)
 }
 
 fn run(cmd: &mut Command) -> Output {
@@ -128,20 +127,13 @@ fn mount_available() -> bool {
     ok
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn mount_t_fuse_rknot_passes_options_and_umount_ends_the_daemon() {
     if !mount_available() {
         return;
     }
     let _helper = InstalledHelper::install();
-    let dir = tempfile::tempdir().unwrap();
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
-    let mp = mp.canonicalize().unwrap();
+    let (dir, mp) = mountpoint();
     let mut guard = MountGuard::new(&mp, None);
     let (src, gguf) = (demo("tiny-llama.rknot"), demo("tiny-llama.gguf"));
 
@@ -221,6 +213,7 @@ fn mount_t_fuse_rknot_passes_options_and_umount_ends_the_daemon() {
     assert!(!is_mounted(&mp));
     let _ = std::fs::remove_file(rknot::mount::default_log_file(&mp));
 }
+}
 
 /// The daemon's pid from its log's last "serving ... (pid N; ...)" line
 /// (the helper prints it only with -v), for clean-up.
@@ -232,20 +225,13 @@ fn daemon_pid_from_log(mp: &Path) -> Option<i32> {
         .and_then(background_pid)
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn fstab_line_mounts_with_its_options() {
     if !mount_available() {
         return;
     }
     let _helper = InstalledHelper::install();
-    let dir = tempfile::tempdir().unwrap();
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
-    let mp = mp.canonicalize().unwrap();
+    let (dir, mp) = mountpoint();
     let mut guard = MountGuard::new(&mp, None);
     let (src, gguf) = (demo("tiny-llama.rknot"), demo("tiny-llama.gguf"));
     // The documented line (docs/OPERATIONS.md), with this test's paths.
@@ -300,4 +286,5 @@ fn fstab_line_mounts_with_its_options() {
     assert!(is_mounted(&mp));
     umount_and_wait(&mp, &mut guard);
     let _ = std::fs::remove_file(rknot::mount::default_log_file(&mp));
+}
 }

@@ -26,14 +26,10 @@ fn many_tensors(path: &Path, n: usize) {
     write_gguf(&mut f, &md, &tensors, 32).unwrap();
 }
 
+needs! { [fuse]
 /// Item 10: 65,536 tensors (the readers' cap) mount quickly in bounded
 /// memory; `ls` pages through 131,074 names; index.json, served in pages,
 /// is whole and valid.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn many_tiny_tensors_mount_list_and_index_in_bounded_memory() {
     if !fuse_available() {
         return;
@@ -85,15 +81,12 @@ fn many_tiny_tensors_mount_list_and_index_in_bounded_memory() {
     );
     assert!(rss_mib < 200, "daemon peak RSS {rss_mib} MiB");
 }
+}
 
+needs! { [fuse]
 /// Item 13: a tensor whose f32 file would exceed i64::MAX bytes (what
 /// `stat` can report) gets no file, and the mount says why; everything else
 /// is served.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn tensors_larger_than_stat_can_report_are_not_offered() {
     if !fuse_available() {
         return;
@@ -195,15 +188,12 @@ fn tensors_larger_than_stat_can_report_are_not_offered() {
         m.ctl()
     );
 }
+}
 
+needs! { [fuse]
 /// Item 7 (the mount's part): a source whose file name and metadata hold
 /// terminal escapes, CR and C1 controls: ctl, ctl.json, index.json and the
 /// daemon's log carry them escaped, never raw.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn control_characters_from_files_never_reach_ctl_index_or_log_raw() {
     if !fuse_available() {
         return;
@@ -222,23 +212,8 @@ fn control_characters_from_files_never_reach_ctl_index_or_log_raw() {
         format!("evil{evil}.key"),
         MetaValue::String(evil.to_string()),
     );
-    let tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                GgmlType::F32,
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let refs: Vec<(String, Vec<u64>, GgmlType, &[u8])> = tensors
-        .iter()
-        .map(|(n, s, t, d)| (n.clone(), s.clone(), *t, &d[..]))
-        .collect();
+    let tensors = decoded_f32_tensors(b.as_ref());
+    let refs = as_f32_gguf(&tensors);
     let mut f = std::fs::File::create(&path).unwrap();
     write_gguf(&mut f, &md, &refs, 32).unwrap();
     drop(f);
@@ -276,4 +251,5 @@ fn control_characters_from_files_never_reach_ctl_index_or_log_raw() {
     assert_eq!(raw(m.log().as_bytes()), 0, "{}", m.log());
     assert!(m.log().contains("\\x1b"), "{}", m.log());
     let _ = std::fs::metadata(&path).unwrap().ino();
+}
 }

@@ -74,11 +74,7 @@ fn all_logits(m: &Model, ids: &[u32]) -> Vec<f32> {
     m.forward(ids, &mut cache, 0..ids.len()).unwrap()
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn tokenizer_matches_python_tokenizers_and_llama_cpp() {
     let Some(s) = smol() else { return };
     let cases = reference()["tokenizer_cases"].as_array().unwrap();
@@ -103,12 +99,9 @@ fn tokenizer_matches_python_tokenizers_and_llama_cpp() {
         r["text_ids_sha256_u32le"].as_str().unwrap()
     );
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn paris_is_the_first_answer() {
     let Some(s) = smol() else { return };
     let ids = s.tok.encode("The capital of France is", true, true);
@@ -128,12 +121,9 @@ fn paris_is_the_first_answer() {
         s.tok.decode(&g.tokens)
     );
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn forward_pass_matches_llama_cpp_on_the_same_weights() {
     let Some(s) = smol() else { return };
     let prompts: Vec<&Value> = reference()["prompts"]
@@ -193,14 +183,11 @@ fn forward_pass_matches_llama_cpp_on_the_same_weights() {
     eprintln!("top-1 agreement with llama.cpp over every position: {agree}/{total}");
     assert!(agree * 100 >= total * 97, "top-1 agreement {agree}/{total}");
 }
+}
 
+needs! { [model]
 /// Greedy continuations of the factual prompts equal llama.cpp's (on the
 /// same fp32 weights) token for token.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn greedy_generation_matches_llama_cpp() {
     let Some(s) = smol() else { return };
     for g in reference()["greedy_f32"].as_array().unwrap() {
@@ -231,12 +218,9 @@ fn greedy_generation_matches_llama_cpp() {
         );
     }
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn perplexity_prefix_matches_llama_perplexity() {
     let Some(s) = smol() else { return };
     let r = &reference()["perplexity"];
@@ -259,12 +243,9 @@ fn perplexity_prefix_matches_llama_perplexity() {
         p.tokens_evaluated as f64 / p.elapsed.as_secs_f64()
     );
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn kv_cache_generation_equals_full_recompute() {
     let Some(s) = smol() else { return };
     let ids = s.tok.encode("Water boils at a temperature of", true, true);
@@ -296,18 +277,11 @@ fn kv_cache_generation_equals_full_recompute() {
     let cos = eval::cosine(&inc, &full[full.len() - v..]);
     assert!(cos > 0.99999, "incremental vs batched logits cosine {cos}");
 }
+}
 
+needs! { [model, fuse]
 /// A mounted rknot directory serves the bytes the backend decodes, so the
 /// model read from the mount gives bit-identical logits.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn probe_through_a_real_mount() {
     let Some(s) = smol() else { return };
     if !fuse_available() {
@@ -343,6 +317,7 @@ fn probe_through_a_real_mount() {
     ]);
     assert!(first_candidate(&text).contains("\" Paris\""), "{text}");
 }
+}
 
 /// `rknot probe ARGS...`: asserts that it succeeds (stdout and stderr in
 /// the message) and returns its stdout.
@@ -370,11 +345,7 @@ fn first_candidate(report: &str) -> String {
         .to_string()
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn cli_prompt_top_k_and_generation() {
     let Some(s) = smol() else { return };
     let text = probe_ok(&[
@@ -407,6 +378,7 @@ fn cli_prompt_top_k_and_generation() {
         text.contains("top-1 agreement 1.0000 (5/5), mean KL 0.000000"),
         "{text}"
     );
+}
 }
 
 #[test]

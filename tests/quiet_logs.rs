@@ -5,17 +5,12 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::needs;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::mount::{MountGuard, background_pid, fuse_available, mount_bin, pid_alive};
-
-fn demo(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("demo")
-        .join(name)
-}
+use common::mount::{MountGuard, background_pid, fuse_available, mount_demo_background, pid_alive};
 
 /// The WARN and ERROR lines of a log.
 fn loud_lines(log: &str) -> Vec<&str> {
@@ -30,21 +25,8 @@ fn mount_read_unmount(how: &str) {
     std::fs::create_dir(&mp).unwrap();
     let log = dir.path().join("daemon.log");
     let mut guard = MountGuard::new(&mp, None);
-    let out = Command::new(mount_bin())
-        .arg(demo("tiny-llama.rknot"))
-        .arg(&mp)
-        .arg("--dense")
-        .arg(demo("tiny-llama.gguf"))
-        .arg("--log-file")
-        .arg(&log)
-        .output()
-        .unwrap();
+    let out = mount_demo_background(&mp, &log);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let pid = background_pid(&stdout).expect("pid");
     guard.set_pid(Some(pid));
     // Reads of a tensor file, a view, index.json and ctl.
@@ -75,11 +57,7 @@ fn mount_read_unmount(how: &str) {
     assert_eq!(loud_lines(&text), Vec::<&str>::new(), "{how}: {text}");
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn normal_unmounts_log_no_warn_or_error() {
     if !fuse_available() {
         return;
@@ -87,4 +65,5 @@ fn normal_unmounts_log_no_warn_or_error() {
     for how in ["fusermount3", "umount", "SIGTERM"] {
         mount_read_unmount(how);
     }
+}
 }

@@ -285,13 +285,9 @@ proptest! {
     }
 }
 
+needs! { [fuse]
 /// The same through a real mount: `pread` on the files from several
 /// threads (fewer cases: each mounts).
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn mounted_reads_match_the_reference() {
     if !fuse_available() {
         return;
@@ -365,4 +361,5 @@ fn mounted_reads_match_the_reference() {
             Ok(())
         })
         .unwrap();
+}
 }

@@ -72,11 +72,7 @@ fn tiny_cat_over_http_equals_local() {
     assert!(String::from_utf8_lossy(&inspect.stdout).contains(&url));
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn smollm2_cat_over_http_equals_local() {
     let Some(model) = smollm2() else { return };
     let s = Server::start(std::fs::read(&model).unwrap());
@@ -96,16 +92,13 @@ fn smollm2_cat_over_http_equals_local() {
         assert!(got.stdout == want.stdout, "{name}: bytes differ");
     }
 }
+}
 
+needs! { [model]
 /// Open: one ranged GET of the first block (an eighth of a part), which
 /// pins the version; one tensor then costs at most its stored bytes plus
 /// one part (in fact two blocks: the blocks at its ends), whatever the
 /// read-ahead does.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn bytes_fetched_for_one_tensor_are_bounded() {
     let Some(model) = smollm2() else { return };
     let s = Server::start(std::fs::read(&model).unwrap());
@@ -147,6 +140,7 @@ fn bytes_fetched_for_one_tensor_are_bounded() {
         );
         assert_eq!(st.retries, 0);
     }
+}
 }
 
 #[test]
@@ -243,13 +237,9 @@ fn not_found_and_forbidden_name_the_redacted_url_and_status() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("s3cr3t"));
 }
 
+needs! { [fuse]
 /// Every tensor and model.gguf of a mount of an http source equal those of
 /// a local mount.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn mount_over_http_equals_local_mount() {
     if !fuse_available() {
         return;
@@ -287,6 +277,7 @@ fn mount_over_http_equals_local_mount() {
     let j = b.ctl_json();
     assert!(j["remote"][0]["bytes_fetched"].as_u64().unwrap() > 0, "{j}");
     assert_eq!(j["remote"][0]["pinned"]["etag"], "\"v1\"");
+}
 }
 
 /// A presigned URL (the signature in the query string): read over the

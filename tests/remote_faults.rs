@@ -288,30 +288,20 @@ macro_rules! fault_tests {
         mod in_process {
             use super::*;
             $(
-                #[test]
-                #[cfg_attr(
-                    rknot_no_model,
-                    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-                )]
+                needs! { [model]
                 fn $name() {
                     in_process($fault);
+                }
                 }
             )*
         }
         mod fuse_mount {
             use super::*;
             $(
-                #[test]
-                #[cfg_attr(
-                    rknot_no_model,
-                    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-                )]
-                #[cfg_attr(
-                    rknot_no_fuse,
-                    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-                )]
+                needs! { [model, fuse]
                 fn $name() {
                     through_mount($fault);
+                }
                 }
             )*
         }
@@ -341,33 +331,9 @@ struct SmallModel {
 }
 
 fn small_model() -> SmallModel {
-    use rknot::format::gguf::write_gguf;
-    use rknot::format::meta::{MetaValue, Metadata};
-    use rknot::quant::GgmlType;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("small.gguf");
-    let mut md = Metadata::default();
-    md.push("general.architecture", MetaValue::String("test".into()));
-    let mut rng = rknot::synth::Rng(0x5eed_fa17);
-    let (cols, rows) = (1024u64, 256u64);
-    let data: Vec<Vec<u8>> = (0..16)
-        .map(|_| rknot::synth::ggml_blocks(GgmlType::Q8_0, cols * rows, 0.02, &mut rng))
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            (
-                format!("t{i:02}.weight"),
-                vec![cols, rows],
-                GgmlType::Q8_0,
-                &d[..],
-            )
-        })
-        .collect();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    write_gguf(&mut f, &md, &tensors, 32).unwrap();
-    drop(f);
+    q8_0_gguf(&path, 16, 0x5eed_fa17);
     SmallModel { _dir: dir, path }
 }
 
@@ -377,15 +343,11 @@ fn blocks_of(t: &GgufTensorInfo) -> std::ops::Range<u64> {
     (t.offset / b * b)..(t.offset + t.n_bytes).next_multiple_of(b)
 }
 
+needs! { [fuse]
 /// Retries exhausted on the blocks of one tensor: its file fails with EIO,
 /// every tensor file whose blocks it does not share still reads right,
 /// `ctl` counts the retries and the failure, and once the blocks can be
 /// fetched again the file reads right, without a remount.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn retries_exhausted_fail_one_file_and_the_others_still_read() {
     if !fuse_available() {
         return;
@@ -448,6 +410,7 @@ fn retries_exhausted_fail_one_file_and_the_others_still_read() {
     assert_eq!(o.ok_bytes, want_victim.len() as u64);
     remote.assert_alive();
     p.assert_clean();
+}
 }
 
 /// Every tensor file of `model`, read through `remote`: each piece
@@ -525,22 +488,16 @@ fn changed_object(strip_if_match: bool) {
     p.assert_clean();
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn etag_rewritten_and_object_replaced_mid_mount_is_estale_never_mixed() {
     changed_object(false);
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn object_replaced_behind_a_server_ignoring_if_match_is_estale_never_mixed() {
     changed_object(true);
+}
 }
 
 /// The proxy relays chunked responses and close-delimited bodies of other
@@ -608,15 +565,11 @@ fn proxy_relays_chunked_and_close_delimited_bodies() {
     p.assert_clean();
 }
 
+needs! { [fuse]
 /// SIGTERM stops a foreground mount of a remote source cleanly (exit 0,
 /// unmounted), as it does a local one: the remote I/O runtime's threads,
 /// started while the source opened, must not take the signal (its default
 /// action killed the daemon and left a dead mount).
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn sigterm_unmounts_a_remote_mount_cleanly() {
     if !fuse_available() {
         return;
@@ -637,15 +590,12 @@ fn sigterm_unmounts_a_remote_mount_cleanly() {
         );
     }
 }
+}
 
+needs! { [fuse]
 /// Mixed faults with a single retry: some reads fail, with EIO only, the
 /// others return the right bytes; the daemon lives; once the faults stop
 /// every file reads right without a remount.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn mixed_faults_with_one_retry_give_right_bytes_or_eio() {
     if !fuse_available() {
         return;
@@ -684,6 +634,7 @@ fn mixed_faults_with_one_retry_give_right_bytes_or_eio() {
     }
     remote.assert_alive();
     p.assert_clean();
+}
 }
 
 // ---------------------------------------------------------------------------
@@ -766,16 +717,12 @@ fn stalled_reads_fail_within_the_deadline_in_process() {
     p.assert_clean();
 }
 
+needs! { [fuse]
 /// Opening against a dead server fails in seconds (the open deadline,
 /// 10 s by default), with an error naming the URL: a server that accepts
 /// and never answers, one that refuses connections, and one that stalls
 /// in the middle of the first GET's body. (Before: 60 s per attempt, six
 /// attempts: 380 s.)
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn mount_against_a_dead_server_fails_in_seconds() {
     if !fuse_available() {
         return;
@@ -855,7 +802,9 @@ fn mount_against_a_dead_server_fails_in_seconds() {
         eprintln!("{what}: failed in {took:?}: {}", stderr.trim_end());
     }
 }
+}
 
+needs! { [fuse]
 /// Through a mount (2 FUSE threads, the default here): readers of a server
 /// that stalls (either way) get EIO within the deadline plus a margin
 /// (twice the deadline: the kernel asks again for a page it failed to
@@ -864,11 +813,6 @@ fn mount_against_a_dead_server_fails_in_seconds() {
 /// within 1 s each; the log names the object and the range of the failed
 /// read; once the server answers, the same files read right. (Before: the
 /// readers held both FUSE threads for minutes and `ls` hung.)
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn stalled_reads_fail_in_the_deadline_and_the_mount_keeps_answering() {
     if !fuse_available() {
         return;
@@ -984,4 +928,5 @@ fn stalled_reads_fail_in_the_deadline_and_the_mount_keeps_answering() {
     }
     remote.assert_alive();
     p.assert_clean();
+}
 }

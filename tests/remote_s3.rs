@@ -147,19 +147,7 @@ fn assert_same_mount(remote: &Mounted, local: &Mounted) -> usize {
     n
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_moto,
-    ignore = "needs moto's S3 server: export RKNOT_MOTO_SERVER=$(tools/moto-env.sh) (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_moto)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_moto), not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [moto, model, fuse]
 fn mounts_over_s3_serve_the_bytes_of_local_mounts() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -267,16 +255,9 @@ fn mounts_over_s3_serve_the_bytes_of_local_mounts() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
     eprintln!("mounts over s3: {:.1} s", t0.elapsed().as_secs_f64());
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_moto,
-    ignore = "needs moto's S3 server: export RKNOT_MOTO_SERVER=$(tools/moto-env.sh) (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_moto)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [moto, model]
 fn rknot_commands_over_s3() {
     let Some(model) = smollm2() else { return };
     let t0 = Instant::now();
@@ -363,6 +344,7 @@ fn rknot_commands_over_s3() {
         t0.elapsed().as_secs_f64()
     );
 }
+}
 
 /// `v` without its "path" members (where the file is, not what it is).
 fn drop_paths(v: &mut serde_json::Value) {
@@ -390,15 +372,7 @@ fn wait_for_upload(s3: &S3, child: &mut std::process::Child) {
     }
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_moto,
-    ignore = "needs moto's S3 server: export RKNOT_MOTO_SERVER=$(tools/moto-env.sh) (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_moto)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [moto, model]
 fn encode_from_s3_to_s3() {
     let Some(model) = smollm2() else { return };
     let t0 = Instant::now();
@@ -523,22 +497,15 @@ fn encode_from_s3_to_s3() {
     );
     eprintln!("encode s3 -> s3: {:.1} s", t0.elapsed().as_secs_f64());
 }
+}
 
+needs! { [moto, model]
 /// The fault proxy (tests/common/fault_proxy.rs) between rknot and the S3
 /// server, as the endpoint: with 503s, reset connections and truncated
 /// bodies, a mount via s3:// serves exactly the local mount's bytes (after
 /// retries); then with the object's ETag rewritten (a new version), reads
 /// of blocks not yet fetched fail (ESTALE or EIO), never with other bytes,
 /// and the daemon lives on.
-#[test]
-#[cfg_attr(
-    rknot_no_moto,
-    ignore = "needs moto's S3 server: export RKNOT_MOTO_SERVER=$(tools/moto-env.sh) (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_moto)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn s3_through_a_fault_proxy_gives_right_bytes_or_errors() {
     use std::sync::atomic::Ordering;
     let Some(model) = smollm2() else { return };
@@ -611,4 +578,5 @@ fn s3_through_a_fault_proxy_gives_right_bytes_or_errors() {
     assert!(refused > 0, "no read saw the new version");
     assert!(remote.ctl().contains("CHANGED"));
     proxy.assert_clean();
+}
 }

@@ -93,11 +93,7 @@ for t in view.tensors:
     print(t.name, hashlib.sha256(t.data.tobytes()).hexdigest())
 "#;
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn smollm2_default_encode_stands_alone() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -188,4 +184,5 @@ fn smollm2_default_encode_stands_alone() {
         }
     }
     assert_eq!(exact, 62, "tensors stored verbatim");
+}
 }

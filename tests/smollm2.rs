@@ -30,11 +30,7 @@ fn decode_all(b: &dyn Backend, index: usize) -> Vec<f32> {
     out
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn inspect_lists_272_tensors_with_shapes_and_types() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -65,12 +61,9 @@ fn inspect_lists_272_tensors_with_shapes_and_types() {
     assert_eq!(md.arch_u64("block_count"), Some(30));
     assert_eq!(md.arch_u64("embedding_length"), Some(576));
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn every_tensor_decodes_bit_exact_like_gguf_py() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -80,12 +73,9 @@ fn every_tensor_decodes_bit_exact_like_gguf_py() {
         assert_eq!(sha256_hex(&f32_le_bytes(&got)), r.sha256, "{}", r.name);
     }
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn cli_cat_of_every_tensor_matches_gguf_py() {
     let Some(model) = smollm2() else { return };
     for r in smollm2_reference() {
@@ -110,12 +100,9 @@ fn cli_cat_of_every_tensor_matches_gguf_py() {
         assert_eq!(sha256_hex(&out.stdout), r.sha256, "{name}");
     }
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
+needs! { [model]
 fn cli_cat_ranges_and_inspect_json() {
     let Some(model) = smollm2() else { return };
     let b = backend::open(&model, None).unwrap();
@@ -171,13 +158,10 @@ fn cli_cat_ranges_and_inspect_json() {
     assert!(text.contains("blk.29.ffn_down.weight"));
     assert!(text.contains("blk_29_ffn_down_weight"));
 }
+}
 
+needs! { [model]
 /// GGUF -> dense .knot (blocks verbatim) -> every tensor identical.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn dense_knot_repack_decodes_identically() {
     let Some(model) = smollm2() else { return };
     let src = SourceFile::open(&model).unwrap();
@@ -223,15 +207,12 @@ fn dense_knot_repack_decodes_identically() {
         assert_eq!(sha256_hex(&f32_le_bytes(&got)), r.sha256, "{}", r.name);
     }
 }
+}
 
+needs! { [model]
 /// A sketch made from SmolLM2 weights (U = the first r columns of W, σ = 1,
 /// Vᵀ = the first r rows of the identity, so Ŵ keeps W's first r columns),
 /// layered over the GGUF.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn sk32_from_smollm2_layers_over_the_gguf() {
     let Some(model) = smollm2() else { return };
     let dense = backend::open_single(&model, Role::Fallback).unwrap();
@@ -325,4 +306,5 @@ fn sk32_from_smollm2_layers_over_the_gguf() {
         .find(|t| t["name"] == "token_embd.weight")
         .unwrap();
     assert_eq!(e["source"]["role"], "fallback");
+}
 }

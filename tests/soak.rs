@@ -11,6 +11,8 @@
 
 mod common;
 
+use common::needs;
+
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,32 +29,8 @@ use rknot::source::SourceFile;
 /// daemon's memory cache of remote blocks, so reads keep going to the
 /// server.
 fn model(dir: &Path) -> PathBuf {
-    use rknot::format::gguf::write_gguf;
-    use rknot::format::meta::{MetaValue, Metadata};
-    use rknot::quant::GgmlType;
     let path = dir.join("soak.gguf");
-    let mut md = Metadata::default();
-    md.push("general.architecture", MetaValue::String("test".into()));
-    let mut rng = rknot::synth::Rng(0x50a6_0001);
-    let (cols, rows) = (1024u64, 256u64);
-    let data: Vec<Vec<u8>> = (0..24)
-        .map(|_| rknot::synth::ggml_blocks(GgmlType::Q8_0, cols * rows, 0.02, &mut rng))
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            (
-                format!("t{i:02}.weight"),
-                vec![cols, rows],
-                GgmlType::Q8_0,
-                &d[..],
-            )
-        })
-        .collect();
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    write_gguf(&mut f, &md, &tensors, 32).unwrap();
-    drop(f);
+    common::q8_0_gguf(&path, 24, 0x50a6_0001);
     path
 }
 
@@ -154,11 +132,7 @@ fn timed(op: impl FnOnce() -> bool + Send + 'static) -> Option<(bool, Duration)>
 
 type Phase = (&'static str, Duration, fn(&ProxyFaults));
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn soak_eight_readers_through_cycling_faults() {
     if !fuse_available() {
         return;
@@ -394,6 +368,7 @@ fn soak_eight_readers_through_cycling_faults() {
         serde_json::from_slice(&std::fs::read(remote.path("ctl.json")).unwrap()).unwrap();
     assert!(j["remote"][0]["retries"].as_u64().unwrap() > 0, "{j}");
     proxy.assert_clean();
+}
 }
 
 /// Before/after figures (not a check: prints them), with the default

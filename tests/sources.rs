@@ -64,15 +64,11 @@ fn cp_in_place(new: &Path, old: &Path) {
     assert_eq!(std::fs::metadata(old).unwrap().ino(), ino, "same inode");
 }
 
+needs! { [fuse]
 /// A GGUF rewritten in place under a mount (page cache and direct I/O):
 /// tensors not yet cached fail with ESTALE, never with bytes read at the
 /// old offsets; cached ones keep being served; the daemon stays up and
 /// says why in its log.
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn source_rewritten_in_place_fails_reads_never_serves_moved_bytes() {
     if !fuse_available() {
         return;
@@ -131,15 +127,12 @@ fn source_rewritten_in_place_fails_reads_never_serves_moved_bytes() {
         );
     }
 }
+}
 
+needs! { [model]
 /// `rknot cat` of a tensor whose file is rewritten while it streams: it
 /// fails (exit 1, the reason on stderr) instead of finishing with bytes
 /// from the new file at the old offsets.
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
 fn cat_of_a_file_changed_while_reading_fails() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
@@ -172,4 +165,5 @@ fn cat_of_a_file_changed_while_reading_fails() {
         ((first.len() + rest.len()) as u64) < 49152 * 576 * 4,
         "not the whole tensor"
     );
+}
 }

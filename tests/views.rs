@@ -90,15 +90,7 @@ for t, s in zip(view.tensors, src.tensors):
 print("KEYS", len(a))
 "#;
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [model, fuse]
 fn smollm2_safetensors_and_gguf_views_read_back() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -170,16 +162,9 @@ fn smollm2_safetensors_and_gguf_views_read_back() {
     let ctl = m.ctl();
     assert!(ctl.contains("errors 0"), "{ctl}");
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_model,
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [model, fuse]
 fn sk32_over_gguf_views_read_back() {
     let Some(model) = smollm2() else { return };
     if !fuse_available() {
@@ -257,6 +242,7 @@ fn sk32_over_gguf_views_read_back() {
         sha256_hex(&decode_bytes(dense.as_ref(), "blk.0.attn_q.weight")),
         "served from the sketch"
     );
+}
 }
 
 /// Expected bytes of a safetensors view: its header as the mount serves it
@@ -349,11 +335,7 @@ fn safetensors_boundaries(want: &[u8]) -> Vec<u64> {
     v
 }
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn view_reads_straddle_every_boundary() {
     if !fuse_available() {
         return;
@@ -392,22 +374,8 @@ fn view_reads_straddle_every_boundary() {
     let fallback_md: &Metadata = &b.fallback_summary().unwrap().metadata;
     let (md, align) = views::gguf_metadata(fallback_md).unwrap();
     assert_eq!(md.get("general.file_type"), Some(&MetaValue::U32(0)));
-    let data: Vec<(String, Vec<u64>, Vec<u8>)> = b
-        .tensors()
-        .entries()
-        .iter()
-        .map(|t| {
-            (
-                t.name.dot.clone(),
-                t.shape.iter().rev().copied().collect(),
-                decode_bytes(b.as_ref(), &t.name.dot),
-            )
-        })
-        .collect();
-    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
-        .iter()
-        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
-        .collect();
+    let data = decoded_f32_tensors(b.as_ref());
+    let tensors = as_f32_gguf(&data);
     let mut want = Vec::new();
     write_gguf(&mut want, &md, &tensors, align).unwrap();
     let (header, offsets) = rknot::format::gguf::encode_header(
@@ -431,6 +399,7 @@ fn view_reads_straddle_every_boundary() {
     let ctl = m.ctl();
     assert!(ctl.contains("errors 0"), "{ctl}");
     assert!(ctl.contains("view:      model.gguf (F32"), "{ctl}");
+}
 }
 
 /// f16 and bf16 against numpy: `astype(float16)` for f16; for bf16 (which
@@ -490,11 +459,7 @@ with open(f"{mp}/model.bf16.safetensors", "rb") as f:
 print("OK", n)
 "#;
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn half_precision_views_match_numpy() {
     if !fuse_available() {
         return;
@@ -577,12 +542,9 @@ fn half_precision_views_match_numpy() {
         assert!(out.starts_with("OK "), "{out}");
     }
 }
+}
 
-#[test]
-#[cfg_attr(
-    rknot_no_fuse,
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
+needs! { [fuse]
 fn views_option_and_namespace() {
     if !fuse_available() {
         return;
@@ -676,25 +638,14 @@ fn views_option_and_namespace() {
     }
     assert!(m.ctl().contains("bytes decoded 0,"), "{}", m.ctl());
 }
+}
 
+needs! { [llama, model, fuse]
 /// llama.cpp loads `model.gguf` through mmap and generates, greedily, the
 /// same first tokens as from the source GGUF. Opt-in: set
 /// RKNOT_LLAMA_PYTHON, when building and running the tests, to a python3
 /// that can `import llama_cpp` (llama-cpp-python); ignored otherwise (build.rs
 /// emits `rknot_no_llama`). Needs the model and FUSE too.
-#[test]
-#[cfg_attr(
-    rknot_no_llama,
-    ignore = "opt-in: set RKNOT_LLAMA_PYTHON to a python3 with llama_cpp (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_model, not(rknot_no_llama)),
-    ignore = "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)"
-)]
-#[cfg_attr(
-    all(rknot_no_fuse, not(rknot_no_llama), not(rknot_no_model)),
-    ignore = "needs root, /dev/fuse and fusermount3 (README: Tests)"
-)]
 fn llama_cpp_runs_the_gguf_view() {
     let Some(py) = std::env::var_os("RKNOT_LLAMA_PYTHON").filter(|p| !p.is_empty()) else {
         // Run with --ignored, or built with RKNOT_LLAMA_PYTHON but run without.
@@ -727,4 +678,5 @@ for path in sys.argv[1:]:
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].contains("Paris"), "{text}");
     assert_eq!(lines[0], lines[1], "same greedy tokens as the source");
+}
 }

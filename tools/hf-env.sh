@@ -25,6 +25,10 @@ RKNOT_HF_PINS="torch==2.15.0 transformers==5.23.0 accelerate==1.15.0 tokenizers=
 RKNOT_HF_MIN_FREE_GIB=9
 
 # Whether python3 $1 has exactly the pinned versions, and imports them.
+# The venv helpers (rknot_venv_create, rknot_venv_pip).
+# shellcheck source=tools/python-env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/python-env.sh"
+
 rknot_hf_pins_ok() {
   "$1" - "$RKNOT_HF_PINS" <<'PY' 2>/dev/null
 import sys
@@ -53,21 +57,10 @@ rknot_hf_env() {
       echo "hf-env: $(dirname "$venv") has $((free_kib / 1024 / 1024)) GiB free; torch + transformers need about $RKNOT_HF_MIN_FREE_GIB (set RKNOT_HF_VENV elsewhere)" >&2
       return 1
     fi
-    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-      echo "hf-env: python3 has no venv module (Debian: apt-get install python3-venv; tools/python-env.sh does it)" >&2
+    rknot_venv_create hf-env "$venv" ": torch + transformers, about 5.6 GB, several minutes the first time" ||
       return 1
-    fi
-    echo "hf-env: creating $venv: torch + transformers, about 5.6 GB, several minutes the first time" >&2
-    rm -rf "$venv"
-    python3 -m venv "$venv" || return 1
   fi
-  echo "hf-env: installing $RKNOT_HF_PINS" >&2
-  # shellcheck disable=SC2086 # the pins are words
-  if ! "$py" -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 120 $RKNOT_HF_PINS >&2; then
-    echo "hf-env: pip install failed; retrying once" >&2
-    # shellcheck disable=SC2086
-    "$py" -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 120 $RKNOT_HF_PINS >&2 || return 1
-  fi
+  rknot_venv_pip hf-env "$py" "$RKNOT_HF_PINS" || return 1
   if ! rknot_hf_pins_ok "$py"; then
     echo "hf-env: $venv does not have $RKNOT_HF_PINS after the install" >&2
     return 1

@@ -19,6 +19,10 @@
 RKNOT_MOTO_PINS="moto[server]==5.2.5 boto3==1.44.8 botocore==1.44.8"
 
 # Whether python3 $1 has exactly the pinned versions, and imports them.
+# The venv helpers (rknot_venv_create, rknot_venv_pip).
+# shellcheck source=tools/python-env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/python-env.sh"
+
 rknot_moto_pins_ok() {
   "$1" - "$RKNOT_MOTO_PINS" <<'PY' 2>/dev/null
 import sys
@@ -41,21 +45,9 @@ rknot_moto_env() {
   mkdir -p "$(dirname "$venv")"
   local start=$SECONDS
   if ! [ -x "$py" ] || ! "$py" -m pip --version >/dev/null 2>&1; then
-    if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-      echo "moto-env: python3 has no venv module (Debian: apt-get install python3-venv; tools/python-env.sh does it)" >&2
-      return 1
-    fi
-    echo "moto-env: creating $venv (moto[server] + boto3)" >&2
-    rm -rf "$venv"
-    python3 -m venv "$venv" || return 1
+    rknot_venv_create moto-env "$venv" " (moto[server] + boto3)" || return 1
   fi
-  echo "moto-env: installing $RKNOT_MOTO_PINS" >&2
-  # shellcheck disable=SC2086 # the pins are words
-  if ! "$py" -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 120 $RKNOT_MOTO_PINS >&2; then
-    echo "moto-env: pip install failed; retrying once" >&2
-    # shellcheck disable=SC2086
-    "$py" -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 120 $RKNOT_MOTO_PINS >&2 || return 1
-  fi
+  rknot_venv_pip moto-env "$py" "$RKNOT_MOTO_PINS" || return 1
   if ! [ -x "$venv/bin/moto_server" ] || ! rknot_moto_pins_ok "$py"; then
     echo "moto-env: $venv does not have $RKNOT_MOTO_PINS after the install" >&2
     return 1

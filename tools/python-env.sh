@@ -12,6 +12,33 @@
 # rknot_python_env [PACKAGE...]: create the environment if needed (installing
 # Debian's python3-venv through apt-get when the venv module is missing and
 # we are root), install the packages into it, and activate it.
+# rknot_venv_create TAG VENV WHAT: a fresh virtual environment at VENV (for
+# the environments of their own, tools/hf-env.sh and tools/moto-env.sh);
+# TAG prefixes the messages, WHAT says what goes in.
+rknot_venv_create() {
+  local tag=$1 venv=$2 what=$3
+  if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    echo "$tag: python3 has no venv module (Debian: apt-get install python3-venv; tools/python-env.sh does it)" >&2
+    return 1
+  fi
+  echo "$tag: creating $venv$what" >&2
+  rm -rf "$venv"
+  python3 -m venv "$venv" || return 1
+}
+
+# rknot_venv_pip TAG PY PINS: install PINS (words) with PY's pip, retrying
+# once (large wheels over a slow network).
+rknot_venv_pip() {
+  local tag=$1 py=$2 pins=$3
+  echo "$tag: installing $pins" >&2
+  # shellcheck disable=SC2086 # the pins are words
+  if ! "$py" -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 120 $pins >&2; then
+    echo "$tag: pip install failed; retrying once" >&2
+    # shellcheck disable=SC2086
+    "$py" -m pip install --quiet --disable-pip-version-check --retries 10 --timeout 120 $pins >&2 || return 1
+  fi
+}
+
 rknot_python_env() {
   local venv=${RKNOT_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/rknot/venv}
   if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then

@@ -88,6 +88,57 @@ impl Server {
 /// The query string a presigned URL of /p.gguf carries (its "signature").
 pub const PRESIGNED_QUERY: &str = "X-Amz-Expires=600&X-Amz-Signature=SECRETSIG0123";
 
+/// A request's start line and headers (the body, if any, is left unread).
+pub struct Request {
+    pub method: String,
+    /// The path and query, as sent.
+    pub target: String,
+    /// Every header as (name, value trimmed), in order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Request {
+    /// The value of header `name` (any case; the last one when repeated).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Read the next request of a keep-alive connection; `None` when the
+/// client closes it (before or inside a request). Lenient, for test
+/// servers: a header line without ':' is a name with an empty value.
+pub fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Ok(None);
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let target = parts.next().unwrap_or("").to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h)? == 0 {
+            return Ok(None);
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':').unwrap_or((h, ""));
+        headers.push((k.to_string(), v.trim().to_string()));
+    }
+    Ok(Some(Request {
+        method,
+        target,
+        headers,
+    }))
+}
+
 /// One connection: requests until the client closes it (keep-alive).
 fn serve(
     conn: TcpStream,
@@ -99,30 +150,12 @@ fn serve(
     let mut r = BufReader::new(conn.try_clone()?);
     let mut w = conn;
     loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
+        let Some(req) = read_request(&mut r)? else {
             return Ok(());
-        }
-        let mut parts = line.split_whitespace();
-        let method = parts.next().unwrap_or("").to_string();
-        let path = parts.next().unwrap_or("").to_string();
-        let (mut range, mut if_match) = (None, None);
-        loop {
-            let mut h = String::new();
-            if r.read_line(&mut h)? == 0 {
-                return Ok(());
-            }
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let (k, v) = h.split_once(':').unwrap_or((h, ""));
-            match k.to_ascii_lowercase().as_str() {
-                "range" => range = Some(v.trim().to_string()),
-                "if-match" => if_match = Some(v.trim().to_string()),
-                _ => {}
-            }
-        }
+        };
+        let (method, path) = (req.method.clone(), req.target.clone());
+        let range = req.header("range").map(str::to_string);
+        let if_match = req.header("if-match").map(str::to_string);
         let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
         let every = faults.fail_every.load(Ordering::SeqCst);
         if every > 0 && n.is_multiple_of(every) {

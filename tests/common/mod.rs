@@ -1,10 +1,14 @@
 //! Shared helpers for integration tests.
 #![allow(dead_code)]
 
+#[allow(unused_imports)]
+pub(crate) use needs::needs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use rknot::backend::Backend;
+use rknot::quant::GgmlType;
 use sha2::{Digest, Sha256};
 
 /// Whether the environment variable `name` is set to something other than
@@ -118,6 +122,60 @@ pub fn decode_bytes(b: &dyn Backend, name: &str) -> Vec<u8> {
     f32_le_bytes(&v)
 }
 
+/// Every tensor of `b` decoded: (name, ggml `ne` (innermost first), f32
+/// little-endian bytes), for writing as an F32 GGUF with [`as_f32_gguf`].
+pub fn decoded_f32_tensors(b: &dyn Backend) -> Vec<(String, Vec<u64>, Vec<u8>)> {
+    b.tensors()
+        .entries()
+        .iter()
+        .map(|t| {
+            (
+                t.name.dot.clone(),
+                t.shape.iter().rev().copied().collect(),
+                decode_bytes(b, &t.name.dot),
+            )
+        })
+        .collect()
+}
+
+/// The tensor list `write_gguf` takes, every tensor F32.
+pub fn as_f32_gguf(
+    decoded: &[(String, Vec<u64>, Vec<u8>)],
+) -> Vec<(String, Vec<u64>, GgmlType, &[u8])> {
+    decoded
+        .iter()
+        .map(|(n, ne, d)| (n.clone(), ne.clone(), GgmlType::F32, &d[..]))
+        .collect()
+}
+
+/// A synthetic GGUF at `path` of `n` Q8_0 tensors `t00.weight`.. of
+/// 1024 x 256 weights each (random, from `seed`), architecture "test".
+pub fn q8_0_gguf(path: &Path, n: usize, seed: u64) {
+    use rknot::format::gguf::write_gguf;
+    use rknot::format::meta::{MetaValue, Metadata};
+    let mut md = Metadata::default();
+    md.push("general.architecture", MetaValue::String("test".into()));
+    let mut rng = rknot::synth::Rng(seed);
+    let (cols, rows) = (1024u64, 256u64);
+    let data: Vec<Vec<u8>> = (0..n)
+        .map(|_| rknot::synth::ggml_blocks(GgmlType::Q8_0, cols * rows, 0.02, &mut rng))
+        .collect();
+    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            (
+                format!("t{i:02}.weight"),
+                vec![cols, rows],
+                GgmlType::Q8_0,
+                &d[..],
+            )
+        })
+        .collect();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    write_gguf(&mut f, &md, &tensors, 32).unwrap();
+}
+
 /// Run a Python script (`python3 -c`, from PATH) with arguments and return
 /// its stdout. `None` (the caller skips; a note is printed) when a module it
 /// needs is missing and RKNOT_REQUIRE_FUSE is not set; any other failure,
@@ -143,6 +201,7 @@ pub mod capability;
 pub mod fault_proxy;
 pub mod http_server;
 pub mod mount;
+pub mod needs;
 pub mod s3;
 pub mod users;
 

@@ -31,6 +31,38 @@ pub fn fuse_available() -> bool {
     lacks.is_empty()
 }
 
+/// A fresh temporary directory and an empty mountpoint `mnt` in it
+/// (canonical, as /proc/self/mountinfo shows it).
+pub fn mountpoint() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let mp = mp.canonicalize().unwrap();
+    (dir, mp)
+}
+
+/// `rknot-mount demo/tiny-llama.rknot MP --dense demo/tiny-llama.gguf
+/// --log-file LOG` in the background (the default mode: it returns once
+/// the mount answers); its output, asserted successful.
+pub fn mount_demo_background(mp: &Path, log: &Path) -> std::process::Output {
+    let out = Command::new(mount_bin())
+        .arg(super::demo_path("tiny-llama.rknot"))
+        .arg(mp)
+        .arg("--dense")
+        .arg(super::demo_path("tiny-llama.gguf"))
+        .arg("--log-file")
+        .arg(log)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn is_mounted(mp: &Path) -> bool {
     let want = mp.to_string_lossy().to_string();
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -62,10 +94,7 @@ impl Mounted {
         args: &[&str],
         env: &[(&str, V)],
     ) -> Mounted {
-        let dir = tempfile::tempdir().unwrap();
-        let mp = dir.path().join("mnt");
-        std::fs::create_dir(&mp).unwrap();
-        let mp = mp.canonicalize().unwrap();
+        let (dir, mp) = mountpoint();
         let stderr = dir.path().join("daemon.log");
         let child = Command::new(mount_bin())
             .arg(source)
