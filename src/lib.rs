@@ -8,6 +8,7 @@
 //! - [`backend`]: one trait over all of them, plus the layered
 //!   primary + fallback backend.
 
+pub mod arch;
 pub mod backend;
 pub mod bench;
 pub mod cache;
