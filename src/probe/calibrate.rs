@@ -811,12 +811,10 @@ pub fn record(args: &CalibrateArgs, so: &mut dyn Write) -> BoxResult<Calibration
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::model::Arch;
 
     fn config(n_layer: usize, d_model: usize, d_ff: usize) -> Config {
         Config {
-            arch: Arch::Llama,
-            arch_name: "llama".into(),
+            arch: &crate::arch::llama::Llama,
             n_layer,
             d_model,
             d_ff,
