@@ -164,17 +164,6 @@ impl CalibratedOptions {
     }
 }
 
-/// The site whose activations multiply a matrix of kind `kind`.
-pub fn input_site(kind: &str) -> Option<Site> {
-    match kind {
-        "attn_q" | "attn_k" | "attn_v" => Some(Site::AttnIn),
-        "attn_output" => Some(Site::AttnOutIn),
-        "ffn_gate" | "ffn_up" => Some(Site::FfnIn),
-        "ffn_down" => Some(Site::FfnDownIn),
-        _ => None,
-    }
-}
-
 /// An affine block's parameters: value = code × scale + offset (f32
 /// arithmetic on the f16 values, as the reader computes it).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -823,7 +823,7 @@ impl SiteCache {
         d_in: u64,
     ) -> Result<std::rc::Rc<calibrated::InputStats>> {
         let kind = tensor_kind(name);
-        let site = calibrated::input_site(kind).ok_or_else(|| {
+        let site = Site::input_of(kind).ok_or_else(|| {
             err(
                 ErrorKind::BadValue,
                 format!("no calibration input for tensor kind {kind}"),

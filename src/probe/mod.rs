@@ -16,6 +16,7 @@ pub mod calibrate;
 pub mod eval;
 pub mod linalg;
 pub mod model;
+pub mod sites;
 pub mod tokenizer;
 pub mod weights;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::calibrate::{ActivationRecorder, Site};
+use super::sites::{ActivationRecorder, Site};
 use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
 use super::weights::WeightSource;
 use crate::arch::{Architecture, RopeLayout};
