@@ -21,6 +21,7 @@ pub mod jobs;
 pub mod logging;
 pub mod mount;
 pub mod names;
+pub mod output;
 pub mod probe;
 pub mod progress;
 pub mod quant;

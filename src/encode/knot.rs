@@ -5,7 +5,7 @@
 
 use crate::backend::{Backend, StoredType};
 use crate::encode::Progress;
-use crate::encode::output::{AtomicOutput, OutputTarget};
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::FileFormat;
 use crate::format::knot::write_knot_with;

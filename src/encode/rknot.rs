@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::encode::calibrated::{self, CalibratedOptions};
-use crate::encode::output::{AtomicOutput, OutputTarget};
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::encode::{Progress, block_matrices, read_tensor, tensor_kind, tensor_layer};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::encode::linalg::{Mat, matmul, randomized_svd, symmetric_eigen};
-use crate::encode::output::{AtomicOutput, OutputTarget};
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::encode::sk32_act::{
     InputWeighting, Sk32Calibration, check_coverage, site_for, unwhiten,
 };

@@ -54,7 +54,7 @@ use super::linalg::matmul_t;
 use super::model::{Config, KvCache, Residency};
 pub use super::sites::{ActivationRecorder, Site};
 use super::{BoxResult, Tokenizer, load, read_text};
-use crate::encode::output::{AtomicOutput, OutputTarget};
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::error::{Error, ErrorKind, Result, err};
 use crate::source::SourceVersion;
 
