@@ -34,7 +34,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::encode::gptq::{GptqOptions, GroupQuantizer, InverseFactor, gptq_with};
-use crate::encode::rknot::OrdF64;
+use crate::encode::order::OrdF64;
 use crate::error::{ErrorKind, Result, err};
 use crate::format::rknot::{Coding, TensorSpec, pack_affine_block};
 use crate::probe::calibrate::{CalibrationStats, Site};

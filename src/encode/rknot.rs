@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::encode::calibrated::{self, CalibratedOptions};
+use crate::encode::order::OrdF64;
 use crate::output::{AtomicOutput, OutputTarget};
 use crate::encode::{Progress, block_matrices, read_tensor, tensor_kind, tensor_layer};
 use crate::error::{ErrorKind, Result, err};
@@ -246,21 +247,6 @@ fn allocate_widths(
         }
     }
     widths
-}
-
-/// An f64 ordered by `total_cmp`, for the allocators' heaps.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct OrdF64(pub(crate) f64);
-impl Eq for OrdF64 {}
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for OrdF64 {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0)
-    }
 }
 
 /// Add the per-hidden-dimension energies of some of a layer's matrices
