@@ -660,9 +660,10 @@ impl VocabType {
     }
 }
 
-/// Whether a tensor is a vocabulary table (what `--vocab-type` applies to).
+/// Whether a tensor is a vocabulary table (what `--vocab-type` applies to):
+/// [`crate::names::VOCAB_TENSORS`].
 pub fn is_vocab_table(name: &str) -> bool {
-    matches!(name, "token_embd.weight" | "output.weight")
+    crate::names::is_vocab_tensor(name)
 }
 
 /// `w` (a multiple of 32 values, rows of whole 32-blocks) as ggml Q5_1 or
