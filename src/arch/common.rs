@@ -180,7 +180,10 @@ mod tests {
         let n = llama_like_hf_name;
         assert_eq!(
             n("blk.12.attn_q.weight"),
-            Some(("model.layers.12.self_attn.q_proj.weight".into(), Role::AttnQ))
+            Some((
+                "model.layers.12.self_attn.q_proj.weight".into(),
+                Role::AttnQ
+            ))
         );
         assert_eq!(
             n("blk.0.attn_k.bias"),

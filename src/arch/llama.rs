@@ -59,7 +59,10 @@ mod tests {
         assert_eq!(e.fields[0], ("attention_bias", json!(true)));
         assert_eq!(
             Llama.hf_name("blk.1.attn_output.weight"),
-            Some(("model.layers.1.self_attn.o_proj.weight".into(), Role::AttnOutput))
+            Some((
+                "model.layers.1.self_attn.o_proj.weight".into(),
+                Role::AttnOutput
+            ))
         );
     }
 }

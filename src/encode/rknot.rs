@@ -27,13 +27,13 @@ use rayon::prelude::*;
 use crate::backend::Backend;
 use crate::encode::calibrated::{self, CalibratedOptions};
 use crate::encode::order::OrdF64;
-use crate::output::{AtomicOutput, OutputTarget};
 use crate::encode::{Progress, block_matrices, read_tensor, tensor_kind, tensor_layer};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
 use crate::format::rknot::{
     ArchMeta, Axis, Coding, MAX_TILE_ELEMS, Manifest, RknotWriter, TensorSpec, Tile, pack_block,
 };
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::probe::calibrate::Site;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

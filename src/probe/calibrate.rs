@@ -54,8 +54,8 @@ use super::linalg::matmul_t;
 use super::model::{Config, KvCache, Residency};
 pub use super::sites::{ActivationRecorder, Site};
 use super::{BoxResult, Tokenizer, load, read_text};
-use crate::output::{AtomicOutput, OutputTarget};
 use crate::error::{Error, ErrorKind, Result, err};
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::source::SourceVersion;
 
 /// `__metadata__.format` of a STATS file.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::sites::{ActivationRecorder, Site};
 use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
+use super::sites::{ActivationRecorder, Site};
 use super::weights::WeightSource;
 use crate::arch::{Architecture, RopeLayout};
 use crate::error::{ErrorKind, Result, err};
