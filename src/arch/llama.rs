@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::common::{Role, llama_like_hf_name};
+use super::common::{LLAMA_LIKE_LAYER_WEIGHTS, Role, llama_like_hf_name};
 use super::{Architecture, AttentionBias, ConfigExtras, RopeLayout};
 
 #[derive(Debug)]
@@ -33,6 +33,10 @@ impl Architecture for Llama {
 
     fn hf_name(&self, gguf: &str) -> Option<(String, Role)> {
         llama_like_hf_name(gguf)
+    }
+
+    fn hf_layer_weights(&self) -> &'static [&'static str] {
+        LLAMA_LIKE_LAYER_WEIGHTS
     }
 
     fn config_extras(&self, biased: bool) -> ConfigExtras {

@@ -108,6 +108,10 @@ pub trait Architecture: Debug + Send + Sync {
     /// family has no such tensor.
     fn hf_name(&self, gguf: &str) -> Option<(String, Role)>;
 
+    /// The weights every layer has, by their Hugging Face names after
+    /// `model.layers.N.` (the attention biases apart: [`Self::attention_bias`]).
+    fn hf_layer_weights(&self) -> &'static [&'static str];
+
     /// The family's own `config.json` fields; `biased`: the model has
     /// attention biases.
     fn config_extras(&self, biased: bool) -> ConfigExtras;

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::common::{Role, llama_like_hf_name};
+use super::common::{LLAMA_LIKE_LAYER_WEIGHTS, Role, llama_like_hf_name};
 use super::{Architecture, AttentionBias, ConfigExtras, RopeLayout};
 
 #[derive(Debug)]
@@ -32,6 +32,10 @@ impl Architecture for Qwen2 {
 
     fn hf_name(&self, gguf: &str) -> Option<(String, Role)> {
         llama_like_hf_name(gguf)
+    }
+
+    fn hf_layer_weights(&self) -> &'static [&'static str] {
+        LLAMA_LIKE_LAYER_WEIGHTS
     }
 
     fn config_extras(&self, _biased: bool) -> ConfigExtras {

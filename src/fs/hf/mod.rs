@@ -216,7 +216,7 @@ fn build_dir(
     ];
     for l in 0..p.layers {
         let pre = format!("model.layers.{l}.");
-        for n in arch::common::LLAMA_LIKE_LAYER_WEIGHTS {
+        for n in arch.hf_layer_weights() {
             expected.push(format!("{pre}{n}"));
         }
         for n in biases {
