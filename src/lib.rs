@@ -8,6 +8,7 @@
 //! - [`backend`]: one trait over all of them, plus the layered
 //!   primary + fallback backend.
 
+pub mod arch;
 pub mod backend;
 pub mod bench;
 pub mod cache;
@@ -21,6 +22,7 @@ pub mod jobs;
 pub mod logging;
 pub mod mount;
 pub mod names;
+pub mod output;
 pub mod probe;
 pub mod progress;
 pub mod quant;

@@ -34,7 +34,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::encode::gptq::{GptqOptions, GroupQuantizer, InverseFactor, gptq_with};
-use crate::encode::rknot::OrdF64;
+use crate::encode::order::OrdF64;
 use crate::error::{ErrorKind, Result, err};
 use crate::format::rknot::{Coding, TensorSpec, pack_affine_block};
 use crate::probe::calibrate::{CalibrationStats, Site};
@@ -161,17 +161,6 @@ impl CalibratedOptions {
             ));
         }
         Ok(())
-    }
-}
-
-/// The site whose activations multiply a matrix of kind `kind`.
-pub fn input_site(kind: &str) -> Option<Site> {
-    match kind {
-        "attn_q" | "attn_k" | "attn_v" => Some(Site::AttnIn),
-        "attn_output" => Some(Site::AttnOutIn),
-        "ffn_gate" | "ffn_up" => Some(Site::FfnIn),
-        "ffn_down" => Some(Site::FfnDownIn),
-        _ => None,
     }
 }
 
@@ -671,9 +660,10 @@ impl VocabType {
     }
 }
 
-/// Whether a tensor is a vocabulary table (what `--vocab-type` applies to).
+/// Whether a tensor is a vocabulary table (what `--vocab-type` applies to):
+/// [`crate::names::VOCAB_TENSORS`].
 pub fn is_vocab_table(name: &str) -> bool {
-    matches!(name, "token_embd.weight" | "output.weight")
+    crate::names::is_vocab_tensor(name)
 }
 
 /// `w` (a multiple of 32 values, rows of whole 32-blocks) as ggml Q5_1 or

@@ -5,10 +5,10 @@
 
 use crate::backend::{Backend, StoredType};
 use crate::encode::Progress;
-use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::FileFormat;
 use crate::format::knot::write_knot_with;
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::quant::GgmlType;
 
 /// Bytes copied per read while streaming a tensor.

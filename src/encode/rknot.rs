@@ -26,13 +26,14 @@ use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::encode::calibrated::{self, CalibratedOptions};
-use crate::encode::output::{AtomicOutput, OutputTarget};
+use crate::encode::order::OrdF64;
 use crate::encode::{Progress, block_matrices, read_tensor, tensor_kind, tensor_layer};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
 use crate::format::rknot::{
     ArchMeta, Axis, Coding, MAX_TILE_ELEMS, Manifest, RknotWriter, TensorSpec, Tile, pack_block,
 };
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::probe::calibrate::Site;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,21 +247,6 @@ fn allocate_widths(
         }
     }
     widths
-}
-
-/// An f64 ordered by `total_cmp`, for the allocators' heaps.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct OrdF64(pub(crate) f64);
-impl Eq for OrdF64 {}
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for OrdF64 {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0)
-    }
 }
 
 /// Add the per-hidden-dimension energies of some of a layer's matrices
@@ -823,7 +809,7 @@ impl SiteCache {
         d_in: u64,
     ) -> Result<std::rc::Rc<calibrated::InputStats>> {
         let kind = tensor_kind(name);
-        let site = calibrated::input_site(kind).ok_or_else(|| {
+        let site = Site::input_of(kind).ok_or_else(|| {
             err(
                 ErrorKind::BadValue,
                 format!("no calibration input for tensor kind {kind}"),

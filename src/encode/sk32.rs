@@ -21,13 +21,13 @@ use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::encode::linalg::{Mat, matmul, randomized_svd, symmetric_eigen};
-use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::encode::sk32_act::{
     InputWeighting, Sk32Calibration, check_coverage, site_for, unwhiten,
 };
 use crate::encode::{Progress, block_matrices, read_tensor};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::sk32::{Sketch, write_sk32_with};
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::probe::calibrate::SiteStats;
 
 #[derive(Debug, Clone)]

@@ -52,66 +52,16 @@ use sha2::Digest;
 
 use super::linalg::matmul_t;
 use super::model::{Config, KvCache, Residency};
+pub use super::sites::{ActivationRecorder, Site};
 use super::{BoxResult, Tokenizer, load, read_text};
-use crate::encode::output::{AtomicOutput, OutputTarget};
 use crate::error::{Error, ErrorKind, Result, err};
+use crate::output::{AtomicOutput, OutputTarget};
 use crate::source::SourceVersion;
 
 /// `__metadata__.format` of a STATS file.
 pub const FORMAT_NAME: &str = "rknot-calibration";
 /// `__metadata__.version` this code writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
-
-/// The distinct matrix inputs of a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Site {
-    /// The attention-normed x, input of attn_q, attn_k and attn_v.
-    AttnIn,
-    /// The attention's output (heads concatenated), input of attn_output.
-    AttnOutIn,
-    /// The FFN-normed x, input of ffn_gate and ffn_up.
-    FfnIn,
-    /// silu(gate) ⊙ up, input of ffn_down.
-    FfnDownIn,
-}
-
-impl Site {
-    pub const ALL: [Site; 4] = [Site::AttnIn, Site::AttnOutIn, Site::FfnIn, Site::FfnDownIn];
-
-    /// The name in STATS files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Site::AttnIn => "attn_in",
-            Site::AttnOutIn => "attn_out_in",
-            Site::FfnIn => "ffn_in",
-            Site::FfnDownIn => "ffn_down_in",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Site> {
-        Site::ALL.into_iter().find(|s| s.name() == name)
-    }
-
-    /// The tensors of layer `blk.L.` this input is multiplied by.
-    pub fn feeds(self) -> &'static [&'static str] {
-        match self {
-            Site::AttnIn => &["attn_q.weight", "attn_k.weight", "attn_v.weight"],
-            Site::AttnOutIn => &["attn_output.weight"],
-            Site::FfnIn => &["ffn_gate.weight", "ffn_up.weight"],
-            Site::FfnDownIn => &["ffn_down.weight"],
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// What the forward pass shows a recorder: for layer `layer`, the `n`
-/// rows (`x` is `n × d`, row-major) about to be multiplied at `site`.
-pub trait ActivationRecorder {
-    fn record(&mut self, layer: usize, site: Site, x: &[f32], n: usize);
-}
 
 /// Running sums of one site.
 #[derive(Default)]
@@ -811,12 +761,10 @@ pub fn record(args: &CalibrateArgs, so: &mut dyn Write) -> BoxResult<Calibration
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::model::Arch;
 
     fn config(n_layer: usize, d_model: usize, d_ff: usize) -> Config {
         Config {
-            arch: Arch::Llama,
-            arch_name: "llama".into(),
+            arch: &crate::arch::llama::Llama,
             n_layer,
             d_model,
             d_ff,

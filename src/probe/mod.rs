@@ -4,7 +4,9 @@
 //!
 //! - [`weights`]: the weights, through `backend::open` (the mount's decode
 //!   path) or from a mounted directory's `.f32` files;
-//! - [`model`]: a llama/qwen2 decoder in fp32 with a KV cache;
+//! - [`model`]: a llama-like decoder in fp32 with a KV cache, for the
+//!   families [`crate::arch`] knows (llama, qwen2);
+//! - [`sites`]: the matrix inputs the forward pass shows a recorder;
 //! - [`tokenizer`]: byte-level BPE from the GGUF key/values;
 //! - [`linalg`]: SGEMM/GEMV on the rayon pool, norms, softmax;
 //! - [`calibrate`]: activation statistics for calibrated encoding
@@ -16,6 +18,7 @@ pub mod calibrate;
 pub mod eval;
 pub mod linalg;
 pub mod model;
+pub mod sites;
 pub mod tokenizer;
 pub mod weights;
 

@@ -1,7 +1,8 @@
-//! A llama-architecture decoder in fp32 (and qwen2, which adds Q/K/V
-//! biases and rotates the other RoPE pairs): RMSNorm, RoPE, grouped-query
-//! attention with a KV cache, SwiGLU feed-forward, tied or separate output
-//! head. Hyper-parameters come from the GGUF key/values, weights from a
+//! A llama-like decoder in fp32 for the families of [`crate::arch`]:
+//! RMSNorm, RoPE (pairs as the family's [`RopeLayout`] says), grouped-query
+//! attention with a KV cache and Q/K/V biases where the file has them
+//! (qwen2), SwiGLU feed-forward, tied or separate output head.
+//! Hyper-parameters come from the GGUF key/values, weights from a
 //! [`WeightSource`], i.e. the bytes the mount serves.
 
 use std::collections::HashMap;
@@ -10,24 +11,18 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::calibrate::{ActivationRecorder, Site};
 use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
+use super::sites::{ActivationRecorder, Site};
 use super::weights::WeightSource;
+use crate::arch::{Architecture, RopeLayout};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
-
-/// The architectures this probe runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-}
 
 /// Hyper-parameters, from `<arch>.*` keys and the tensor shapes.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub arch: Arch,
-    pub arch_name: String,
+    /// The family, from `general.architecture`.
+    pub arch: &'static dyn Architecture,
     pub n_layer: usize,
     pub d_model: usize,
     pub d_ff: usize,
@@ -40,7 +35,7 @@ pub struct Config {
     /// Linear RoPE scaling: positions are multiplied by this.
     pub rope_pos_scale: f64,
     /// GPT-NeoX RoPE (pairs `i`, `i + n_rot/2`) instead of GPT-J/llama
-    /// (pairs `2i`, `2i+1`), as llama.cpp's rope type for the arch says.
+    /// (pairs `2i`, `2i+1`), as the family's [`RopeLayout`] says.
     pub rope_neox: bool,
     pub rms_eps: f32,
     pub n_vocab: usize,
@@ -68,27 +63,22 @@ fn get_f(md: &Metadata, key: &str) -> Option<f64> {
 
 impl Config {
     pub fn from_metadata(md: &Metadata) -> Result<Config> {
-        let arch_name = md
-            .architecture()
-            .ok_or_else(|| {
-                err(
-                    ErrorKind::BadValue,
-                    "model metadata: key \"general.architecture\" is missing",
-                )
-            })?
-            .to_string();
-        let (arch, rope_neox) = match arch_name.as_str() {
-            "llama" => (Arch::Llama, false),
-            "qwen2" => (Arch::Qwen2, true),
-            other => {
-                return Err(err(
-                    ErrorKind::UnsupportedType,
-                    format!(
-                        "general.architecture is {other:?}; the probe runs \"llama\" and \"qwen2\""
-                    ),
-                ));
-            }
-        };
+        let arch_name = md.architecture().ok_or_else(|| {
+            err(
+                ErrorKind::BadValue,
+                "model metadata: key \"general.architecture\" is missing",
+            )
+        })?;
+        let arch = crate::arch::lookup(arch_name).ok_or_else(|| {
+            err(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "general.architecture is {arch_name:?}; the probe runs {}",
+                    crate::arch::supported_list(true)
+                ),
+            )
+        })?;
+        let rope_neox = arch.rope_layout() == RopeLayout::Neox;
         let k = |s: &str| format!("{arch_name}.{s}");
         if md
             .get(&k("expert_count"))
@@ -213,7 +203,6 @@ impl Config {
         }
         Ok(Config {
             arch,
-            arch_name,
             n_layer,
             d_model,
             d_ff,
@@ -241,7 +230,7 @@ impl Config {
     pub fn summary(&self) -> String {
         format!(
             "{}: {} layers, d {}, ffn {}, heads {}/{} (head {}, rope {} dims base {} {}), vocab {}{}",
-            self.arch_name,
+            self.arch.name(),
             self.n_layer,
             self.d_model,
             self.d_ff,

@@ -1,0 +1,162 @@
+//! What a model family is, in one place per family: the roles of its
+//! tensors and their Hugging Face names, how its attention rotates
+//! query/key pairs (and so whether llama.cpp's converter permuted the Q/K
+//! rows), which attention biases it has, the family's own `config.json`
+//! fields and its tokenizer kind.
+//!
+//! `fs::hf` (the `hf/` view) and `probe` (the forward pass and its
+//! hyper-parameters) ask [`lookup`] for the family of a GGUF's
+//! `general.architecture` instead of matching architecture strings
+//! themselves. Adding a family is one file here (a unit struct
+//! implementing [`Architecture`], with its test) and one line in
+//! [`FAMILIES`].
+//!
+//! This module sits low: it uses `format::meta` for the key/values and
+//! nothing above it.
+
+pub mod common;
+pub mod llama;
+pub mod qwen2;
+
+use std::fmt::Debug;
+
+pub use common::{HfParams, Role, hf_params};
+
+/// Every family this crate understands, by `general.architecture`.
+pub static FAMILIES: &[&dyn Architecture] = &[&llama::Llama, &qwen2::Qwen2];
+
+/// The family of a GGUF `general.architecture` value.
+pub fn lookup(name: &str) -> Option<&'static dyn Architecture> {
+    FAMILIES.iter().copied().find(|a| a.name() == name)
+}
+
+/// The supported `general.architecture` values, for messages:
+/// `"llama" and "qwen2"`.
+pub fn supported_list(quoted: bool) -> String {
+    let names: Vec<String> = FAMILIES
+        .iter()
+        .map(|a| match quoted {
+            true => format!("{:?}", a.name()),
+            false => a.name().to_string(),
+        })
+        .collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// How a family's attention pairs the dimensions RoPE rotates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Pairs `(2i, 2i + 1)` (llama.cpp's "normal" rope). Hugging Face
+    /// rotates pairs `(i, i + n_rot/2)`, so llama.cpp's converter permuted
+    /// each head's rows of Q and K (interleaving the two halves); `hf/`
+    /// undoes it.
+    Interleaved,
+    /// Pairs `(i, i + n_rot/2)` (GPT-NeoX), as Hugging Face: the rows are
+    /// stored as they are.
+    Neox,
+}
+
+/// Which attention projections carry a bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionBias {
+    /// Always these (Hugging Face names `q_proj`, ...).
+    Required(&'static [&'static str]),
+    /// These when the model has `blk.0.attn_q.bias`, else none.
+    Optional(&'static [&'static str]),
+}
+
+/// How the vocabulary is stored and rendered for `hf/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenizerKind {
+    /// Byte-level BPE in `tokenizer.ggml.*` (model `gpt2`), its split
+    /// regex chosen by `tokenizer.ggml.pre`.
+    ByteLevelBpe,
+}
+
+/// What a family adds to `config.json` beyond the fields every family
+/// writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigExtras {
+    /// Write `head_dim` even when it is `hidden_size / num_attention_heads`.
+    pub always_head_dim: bool,
+    /// Fields written after `rope_scaling`, in order.
+    pub fields: Vec<(&'static str, serde_json::Value)>,
+}
+
+/// One model family.
+pub trait Architecture: Debug + Send + Sync {
+    /// Its GGUF `general.architecture` (also the prefix of its keys).
+    fn name(&self) -> &'static str;
+
+    /// transformers' model class (`config.json`'s `architectures`).
+    fn hf_class(&self) -> &'static str;
+
+    /// transformers' `model_type`.
+    fn hf_model_type(&self) -> &'static str;
+
+    /// How RoPE pairs dimensions (and so whether Q/K rows are permuted).
+    fn rope_layout(&self) -> RopeLayout;
+
+    /// The attention projections with a bias.
+    fn attention_bias(&self) -> AttentionBias;
+
+    /// The Hugging Face name and role of a GGUF tensor, None when the
+    /// family has no such tensor.
+    fn hf_name(&self, gguf: &str) -> Option<(String, Role)>;
+
+    /// The weights every layer has, by their Hugging Face names after
+    /// `model.layers.N.` (the attention biases apart: [`Self::attention_bias`]).
+    fn hf_layer_weights(&self) -> &'static [&'static str];
+
+    /// The family's own `config.json` fields; `biased`: the model has
+    /// attention biases.
+    fn config_extras(&self, biased: bool) -> ConfigExtras;
+
+    /// How its tokenizer is stored.
+    fn tokenizer(&self) -> TokenizerKind {
+        TokenizerKind::ByteLevelBpe
+    }
+
+    /// For a tensor of role `role`, the number of head groups whose rows
+    /// llama.cpp's converter permuted (see [`RopeLayout::Interleaved`]),
+    /// None when its rows are in Hugging Face order.
+    fn permuted_row_groups(&self, role: Role, heads: u64, kv_heads: u64) -> Option<u64> {
+        match (self.rope_layout(), role) {
+            (RopeLayout::Interleaved, Role::AttnQ) => Some(heads),
+            (RopeLayout::Interleaved, Role::AttnK) => Some(kv_heads),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_finds_each_family_by_its_name() {
+        for a in FAMILIES {
+            assert_eq!(lookup(a.name()).map(|f| f.name()), Some(a.name()));
+        }
+        assert!(lookup("phi3").is_none());
+        assert!(lookup("").is_none());
+        assert_eq!(supported_list(true), r#""llama" and "qwen2""#);
+        assert_eq!(supported_list(false), "llama and qwen2");
+    }
+
+    #[test]
+    fn only_interleaved_rope_permutes_q_and_k() {
+        let llama = lookup("llama").unwrap();
+        let qwen2 = lookup("qwen2").unwrap();
+        assert_eq!(llama.permuted_row_groups(Role::AttnQ, 8, 2), Some(8));
+        assert_eq!(llama.permuted_row_groups(Role::AttnK, 8, 2), Some(2));
+        assert_eq!(llama.permuted_row_groups(Role::AttnV, 8, 2), None);
+        for r in [Role::AttnQ, Role::AttnK, Role::AttnV] {
+            assert_eq!(qwen2.permuted_row_groups(r, 8, 2), None);
+        }
+    }
+}
