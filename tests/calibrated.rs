@@ -179,21 +179,7 @@ fn calibrated_encode_of_the_tiny_model() {
     let dir = tempfile::tempdir().unwrap();
     let model = demo_path("tiny-llama.gguf");
     let stats = dir.path().join("tiny.stats");
-    let ids: Vec<String> = (0..48u32)
-        .map(|i| ((i * 37 + 11) % 256).to_string())
-        .collect();
-    let o = run_rknot(&[
-        "calibrate",
-        model.to_str().unwrap(),
-        "--tokens",
-        &ids.join(","),
-        "--ctx",
-        "16",
-        "--gram",
-        "-o",
-        stats.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    tiny_calibration_stats(&stats);
     let out = dir.path().join("tiny.rknot");
     let encode = |target: &str, extra: &[&str]| {
         let mut args = vec![
@@ -244,7 +230,7 @@ fn calibrated_encode_of_the_tiny_model() {
         "calibrate",
         model.to_str().unwrap(),
         "--tokens",
-        &ids.join(","),
+        &tiny_calibration_ids(),
         "-o",
         plain.to_str().unwrap(),
     ]);
@@ -382,15 +368,6 @@ fn smollm2_calibrated_default_keeps_its_fidelity() {
         "the calibrated default regressed: perplexity {ppl} over the first {chunks} windows, \
          threshold {max_ppl} (tests/data/quality/calibrated_threshold.json)"
     );
-    let o = run_rknot(&[
-        "probe",
-        out.to_str().unwrap(),
-        "--prompt",
-        "The capital of France is",
-        "--top",
-        "1",
-    ]);
-    let so = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(so.contains("\" Paris\""), "{so}");
+    assert_probe_answers_paris(&out);
 }
 }

@@ -14,6 +14,8 @@
 #[path = "common/malformed_corpus.rs"]
 mod corpus;
 
+mod common;
+
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -154,19 +156,7 @@ fn rknot_parts() -> (ArchMeta, Vec<LayerOut>) {
         block_cols: 2,
     };
     let dense: Vec<f32> = (0..16).map(|i| i as f32 / 16.0 - 0.5).collect();
-    let blocks = spec.encode(&manifest, &dense);
-    let arch = ArchMeta {
-        arch: "llama".into(),
-        hidden_dim: 4,
-        num_layers: 1,
-        metadata: Metadata::default(),
-    };
-    let layer = LayerOut {
-        index: 0,
-        manifest,
-        tensors: vec![(spec, blocks)],
-    };
-    (arch, vec![layer])
+    common::one_tensor_rknot_parts(&manifest, spec, &dense)
 }
 
 fn rknot_base() -> Vec<u8> {

@@ -1,13 +1,15 @@
 //! Layered backend rules on small synthetic files (no model needed), and
 //! concurrent reads from many threads.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rknot::backend::{self, Availability, Backend, Role};
 use rknot::format::gguf::write_gguf;
 use rknot::format::meta::{MetaValue, Metadata};
-use rknot::format::rknot::{ArchMeta, Coding, LayerOut, Manifest, TensorSpec, write_rknot};
+use rknot::format::rknot::{Coding, Manifest, TensorSpec};
 use rknot::format::sk32::{Sketch, write_sk32};
 use rknot::quant::GgmlType;
 use rknot::{ErrorKind, backend::StoredType};
@@ -240,26 +242,8 @@ fn rknot_primary_with_gguf_fallback() {
         block_rows: 4,
         block_cols: 22,
     };
-    let blocks = spec.encode(&m, &w);
-    let arch = ArchMeta {
-        arch: "llama".into(),
-        hidden_dim: HIDDEN,
-        num_layers: 1,
-        metadata: Metadata::default(),
-    };
     let p = dir.path().join("m.rknot");
-    let mut bytes = Vec::new();
-    write_rknot(
-        &mut bytes,
-        &arch,
-        &[LayerOut {
-            index: 0,
-            manifest: m.clone(),
-            tensors: vec![(spec, blocks)],
-        }],
-    )
-    .unwrap();
-    std::fs::write(&p, bytes).unwrap();
+    std::fs::write(&p, common::one_tensor_rknot(&m, spec, &w)).unwrap();
     let b = backend::open(&p, Some(&g)).unwrap();
     assert_eq!(b.tensors().len(), 5);
     let q = read_all(b.as_ref(), "blk_0_attn_q_weight");

@@ -92,7 +92,7 @@ fn tensors_larger_than_stat_can_report_are_not_offered() {
         return;
     }
     use rknot::format::rknot::{
-        ArchMeta, Coding, LayerOut, Manifest, RKNOT_MAGIC_V2, TensorSpec, write_rknot_v2,
+        Coding, Manifest, RKNOT_MAGIC_V2, TensorSpec, write_rknot_v2,
     };
     // A valid .rknot whose one tensor is [d, d] with d = 1.5 * 2^30, all
     // rows and columns restricted to 2 standing indices: a few hundred
@@ -115,25 +115,10 @@ fn tensors_larger_than_stat_can_report_are_not_offered() {
         block_cols: 2,
     };
     let dense: Vec<f32> = (0..16).map(|i| i as f32 / 16.0 - 0.5).collect();
-    let blocks = spec.encode(&manifest, &dense);
-    let arch = ArchMeta {
-        arch: "llama".into(),
-        hidden_dim: small_d,
-        num_layers: 1,
-        metadata: Metadata::default(),
-    };
+    let (arch, layers) = common::one_tensor_rknot_parts(&manifest, spec, &dense);
     // Version 2: its header is right after a 10-byte prefix, easy to edit.
     let mut base = Vec::new();
-    write_rknot_v2(
-        &mut base,
-        &arch,
-        &[LayerOut {
-            index: 0,
-            manifest,
-            tensors: vec![(spec, blocks)],
-        }],
-    )
-    .unwrap();
+    write_rknot_v2(&mut base, &arch, &layers).unwrap();
     // Grow every dimension in the header JSON.
     let huge: u64 = 3 << 29;
     let len = u32::from_le_bytes(base[6..10].try_into().unwrap()) as usize;

@@ -2,6 +2,8 @@
 //! shapes (including 1 x n and n x 1), ranks, bit widths, uniform and graded
 //! blocks, width-0 lines, and random (unaligned) byte ranges.
 
+mod common;
+
 use std::path::Path;
 
 use proptest::prelude::*;
@@ -468,24 +470,7 @@ fn rknot_quantizer_encodes_within_half_a_step() {
             block_rows: 2,
             block_cols: 3,
         };
-        let blocks = spec.encode(&m, &dense);
-        let arch = ArchMeta {
-            arch: "llama".into(),
-            hidden_dim: 8,
-            num_layers: 1,
-            metadata: Metadata::default(),
-        };
-        let mut bytes = Vec::new();
-        write_rknot(
-            &mut bytes,
-            &arch,
-            &[LayerOut {
-                index: 0,
-                manifest: m.clone(),
-                tensors: vec![(spec, blocks)],
-            }],
-        )
-        .unwrap();
+        let bytes = common::one_tensor_rknot(&m, spec, &dense);
         let dir = tempfile::tempdir().unwrap();
         let p = write_file(dir.path(), "q.rknot", &bytes);
         let b = backend::open_single(&p, Role::Primary).unwrap();

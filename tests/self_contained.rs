@@ -139,21 +139,7 @@ fn smollm2_default_encode_stands_alone() {
     );
 
     // The probe needs no --dense.
-    let o = run_rknot(&[
-        "probe",
-        out.to_str().unwrap(),
-        "--prompt",
-        "The capital of France is",
-        "--top",
-        "1",
-    ]);
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{text}");
-    let first = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("1 "))
-        .unwrap_or_else(|| panic!("no top-1 line: {text}"));
-    assert!(first.contains("\" Paris\""), "{text}");
+    assert_probe_answers_paris(&out);
 
     // A mount of the file alone serves every tensor and a model.gguf that
     // gguf-py reads; the uncompressed tensors are bit-exact with gguf-py's

@@ -22,22 +22,7 @@ fn stderr(o: &Output) -> String {
 /// A STATS file of the tiny model (with Gram matrices) over 48 token ids.
 fn tiny_stats(dir: &Path) -> PathBuf {
     let path = dir.join("tiny.stats");
-    let ids: Vec<String> = (0..48u32)
-        .map(|i| ((i * 37 + 11) % 256).to_string())
-        .collect();
-    let model = demo_path("tiny-llama.gguf");
-    let o = run_rknot(&[
-        "calibrate",
-        model.to_str().unwrap(),
-        "--tokens",
-        &ids.join(","),
-        "--ctx",
-        "16",
-        "--gram",
-        "-o",
-        path.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    tiny_calibration_stats(&path);
     path
 }
 

@@ -244,3 +244,90 @@ pub fn smollm2_sketch(model: &std::path::Path, dir: &std::path::Path) -> PathBuf
     std::fs::write(&sk, bytes).unwrap();
     sk
 }
+
+/// The header and layer of a one-layer llama .rknot holding one tensor:
+/// `spec`'s, encoded from `dense` (row-major `d_out x d_in`) under
+/// `manifest` (`hidden_dim` is the manifest's `d`), for `write_rknot` or
+/// `write_rknot_v2`.
+pub fn one_tensor_rknot_parts(
+    manifest: &rknot::format::rknot::Manifest,
+    spec: rknot::format::rknot::TensorSpec,
+    dense: &[f32],
+) -> (
+    rknot::format::rknot::ArchMeta,
+    Vec<rknot::format::rknot::LayerOut>,
+) {
+    let blocks = spec.encode(manifest, dense);
+    let arch = rknot::format::rknot::ArchMeta {
+        arch: "llama".into(),
+        hidden_dim: manifest.d,
+        num_layers: 1,
+        metadata: rknot::format::meta::Metadata::default(),
+    };
+    let layer = rknot::format::rknot::LayerOut {
+        index: 0,
+        manifest: manifest.clone(),
+        tensors: vec![(spec, blocks)],
+    };
+    (arch, vec![layer])
+}
+
+/// [`one_tensor_rknot_parts`] written as a version-3 .rknot.
+pub fn one_tensor_rknot(
+    manifest: &rknot::format::rknot::Manifest,
+    spec: rknot::format::rknot::TensorSpec,
+    dense: &[f32],
+) -> Vec<u8> {
+    let (arch, layers) = one_tensor_rknot_parts(manifest, spec, dense);
+    let mut bytes = Vec::new();
+    rknot::format::rknot::write_rknot(&mut bytes, &arch, &layers).expect("write .rknot");
+    bytes
+}
+
+/// 48 fixed token ids of the demo's tiny llama, as `--tokens` takes them.
+pub fn tiny_calibration_ids() -> String {
+    (0..48u32)
+        .map(|i| ((i * 37 + 11) % 256).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `rknot calibrate` of the demo's tiny llama on [`tiny_calibration_ids`]
+/// (context 16, with Gram matrices), writing the STATS file `out`.
+pub fn tiny_calibration_stats(out: &Path) {
+    let ids = tiny_calibration_ids();
+    let model = demo_path("tiny-llama.gguf");
+    let o = run_rknot(&[
+        "calibrate",
+        model.to_str().unwrap(),
+        "--tokens",
+        &ids,
+        "--ctx",
+        "16",
+        "--gram",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// `rknot probe MODEL --prompt "The capital of France is" --top 1`: it
+/// succeeds and its top candidate is " Paris".
+pub fn assert_probe_answers_paris(model: &Path) {
+    let o = run_rknot(&[
+        "probe",
+        model.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--top",
+        "1",
+    ]);
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{text}");
+    let first = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .unwrap_or_else(|| panic!("no top-1 line: {text}"));
+    assert!(first.contains("\" Paris\""), "{text}");
+}
