@@ -81,7 +81,7 @@ pub fn reader_of(src: &SourceFile) -> Result<&'static Reader> {
 
 /// One KNOT container: SK32 (a `sketches` map) or dense .knot (a `tensors`
 /// map).
-fn parse_knot(path: &Path, src: SourceFile) -> Result<ParsedFile> {
+fn parse_knot(_: &Path, src: SourceFile) -> Result<ParsedFile> {
     let c = read_container(&src)?;
     match (c.has_sketches(), c.has_tensors()) {
         (true, false) => {
@@ -101,7 +101,9 @@ fn parse_knot(path: &Path, src: SourceFile) -> Result<ParsedFile> {
                  \"tensors\" map (dense .knot)"
             },
         )
-        .path(path)
+        // The source's name, redacted for a remote object: the path as
+        // given may be a presigned URL with its signature.
+        .path(src.path())
         .at(KNOT_PREFIX_LEN)),
     }
 }
