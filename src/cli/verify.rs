@@ -64,30 +64,13 @@ impl VerifyArgs {
             Some(m) => Some(check_manifest(m, &encoded, dense.as_deref(), mode)?),
             None => None,
         };
-        let text = if json {
-            let mut doc = r.to_json();
-            if let Some(obj) = doc.as_object_mut() {
-                if let Some(d) = &rd {
-                    obj.insert("dense".into(), d.to_json());
-                }
-                if let Some(c) = &checked {
-                    obj.insert("manifest".into(), c.to_json());
-                }
-            }
-            let mut s = escape_json_text(serde_json::to_string_pretty(&doc)?);
-            s.push('\n');
-            s
-        } else {
-            let mut t = r.to_text();
-            if let Some(d) = &rd {
-                t += &d.to_text();
-            }
-            if let Some(c) = &checked {
-                t += &c.to_text();
-            }
-            t
-        };
-        write_stdout(text.as_bytes())?;
+        let sections = [
+            rd.as_ref().map(|d| ("dense", d.to_json(), d.to_text())),
+            checked
+                .as_ref()
+                .map(|c| ("manifest", c.to_json(), c.to_text())),
+        ];
+        write_report(json, r.to_json(), r.to_text(), sections)?;
         let problems: Vec<&crate::Error> = r
             .problems()
             .chain(rd.iter().flat_map(|d| d.problems()))
@@ -119,22 +102,10 @@ impl VerifyArgs {
             Some(m) => Some(check_manifest(m, &encoded, dense.as_deref(), mode)?),
             None => None,
         };
-        let text = if json {
-            let mut doc = r.to_json();
-            if let (Some(c), Some(obj)) = (&checked, doc.as_object_mut()) {
-                obj.insert("manifest".into(), c.to_json());
-            }
-            let mut s = escape_json_text(serde_json::to_string_pretty(&doc)?);
-            s.push('\n');
-            s
-        } else {
-            let mut t = r.to_text();
-            if let Some(c) = &checked {
-                t += &c.to_text();
-            }
-            t
-        };
-        write_stdout(text.as_bytes())?;
+        let sections = [checked
+            .as_ref()
+            .map(|c| ("manifest", c.to_json(), c.to_text()))];
+        write_report(json, r.to_json(), r.to_text(), sections)?;
         if !r.faults.is_empty() {
             Err(Box::new(crate::verify::faults_error(&r)))
         } else if let Some(c) = checked.filter(|c| !c.mismatches.is_empty()) {
@@ -143,6 +114,34 @@ impl VerifyArgs {
             Ok(())
         }
     }
+}
+
+/// Print a verify report on stdout: as JSON, each present section a key of
+/// the report's object; as text, each section appended to the report's.
+fn write_report<const N: usize>(
+    json: bool,
+    mut doc: serde_json::Value,
+    mut text: String,
+    sections: [Option<(&str, serde_json::Value, String)>; N],
+) -> CliResult {
+    let sections = sections.into_iter().flatten();
+    let out = if json {
+        if let Some(obj) = doc.as_object_mut() {
+            for (key, value, _) in sections {
+                obj.insert(key.into(), value);
+            }
+        }
+        let mut s = escape_json_text(serde_json::to_string_pretty(&doc)?);
+        s.push('\n');
+        s
+    } else {
+        for (_, _, t) in sections {
+            text += &t;
+        }
+        text
+    };
+    write_stdout(out.as_bytes())?;
+    Ok(())
 }
 
 /// `verify --manifest`: the files against the manifest (the check itself is
