@@ -431,7 +431,7 @@ fn file_strings_never_reach_the_terminal_raw() {
 /// `RKNOT_HOSTILE_BIN=<other rknot> cargo test --profile ci --test
 /// hostile_headers measure -- --ignored --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "not a check: prints figures for before/after comparisons (run with --ignored --nocapture)"]
 fn measure() {
     let dir = tempfile::tempdir().unwrap();
     let show = |what: &str, r: &Run| {
