@@ -408,7 +408,7 @@ fn tiny_qwen2_matches_llama_cpp() {
     let r = &reference()["tiny_qwen2"];
     let src = BackendSource::open(&data(r["file"].as_str().unwrap()), None).unwrap();
     let model = Model::load(&src).unwrap();
-    assert!(model.config.rope_neox && !model.config.tied_embeddings);
+    assert!(model.config.rope_neox() && !model.config.tied_embeddings);
     let ids = ids_of(&r["ids"]);
     let want: Vec<Vec<f32>> = r["logits"]
         .as_array()

@@ -774,7 +774,6 @@ mod tests {
             n_rot: 0,
             rope_base: 10000.0,
             rope_pos_scale: 1.0,
-            rope_neox: false,
             rms_eps: 1e-5,
             n_vocab: 1,
             tied_embeddings: true,

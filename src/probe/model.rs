@@ -34,9 +34,6 @@ pub struct Config {
     pub rope_base: f64,
     /// Linear RoPE scaling: positions are multiplied by this.
     pub rope_pos_scale: f64,
-    /// GPT-NeoX RoPE (pairs `i`, `i + n_rot/2`) instead of GPT-J/llama
-    /// (pairs `2i`, `2i+1`), as the family's [`RopeLayout`] says.
-    pub rope_neox: bool,
     pub rms_eps: f32,
     pub n_vocab: usize,
     /// No `output.weight`: the output head is `token_embd.weight`.
@@ -78,7 +75,6 @@ impl Config {
                 ),
             )
         })?;
-        let rope_neox = arch.rope_layout() == RopeLayout::Neox;
         let k = |s: &str| format!("{arch_name}.{s}");
         if md
             .get(&k("expert_count"))
@@ -212,11 +208,16 @@ impl Config {
             n_rot,
             rope_base,
             rope_pos_scale,
-            rope_neox,
             rms_eps,
             n_vocab: 0,
             tied_embeddings: false,
         })
+    }
+
+    /// GPT-NeoX RoPE (pairs `i`, `i + n_rot/2`) instead of GPT-J/llama
+    /// (pairs `2i`, `2i+1`), as the family's [`RopeLayout`] says.
+    pub fn rope_neox(&self) -> bool {
+        self.arch.rope_layout() == RopeLayout::Neox
     }
 
     pub fn q_dim(&self) -> usize {
@@ -239,7 +240,7 @@ impl Config {
             self.head_dim,
             self.n_rot,
             self.rope_base,
-            if self.rope_neox { "neox" } else { "normal" },
+            if self.rope_neox() { "neox" } else { "normal" },
             self.n_vocab,
             if self.tied_embeddings {
                 ", tied embeddings"
@@ -814,6 +815,8 @@ impl Model {
     /// heads) by the angles of `pos`.
     fn rope(&self, x: &mut [f32], n_heads: usize, pos: usize) {
         let (hd, half) = (self.config.head_dim, self.config.n_rot / 2);
+        // Asked once per call: the family is a trait object.
+        let neox = self.config.rope_neox();
         let cs: Vec<(f32, f32)> = self
             .inv_freq
             .iter()
@@ -825,7 +828,7 @@ impl Model {
         for h in 0..n_heads {
             let head = &mut x[h * hd..(h + 1) * hd];
             for (i, &(c, s)) in cs.iter().enumerate() {
-                let (a, b) = if self.config.rope_neox {
+                let (a, b) = if neox {
                     (i, i + half)
                 } else {
                     (2 * i, 2 * i + 1)
