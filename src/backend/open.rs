@@ -34,9 +34,8 @@ pub struct Reader {
     /// `FileFormat`s).
     pub name: &'static str,
     pub detect: format::Detect,
-    /// Read and validate the header of `src`; `path` is the path or URL
-    /// it was opened by.
-    pub parse: fn(&Path, SourceFile) -> Result<ParsedFile>,
+    /// Read and validate the header of `src`.
+    pub parse: fn(SourceFile) -> Result<ParsedFile>,
 }
 
 /// Every reader, tried in this order: the first whose `detect` says yes
@@ -46,7 +45,7 @@ pub const READERS: &[Reader] = &[
     Reader {
         name: "rknot",
         detect: format::is_rknot,
-        parse: |_, src| {
+        parse: |src| {
             let f = RknotFile::read(&src)?;
             Ok(ParsedFile::Rknot(src, f))
         },
@@ -59,7 +58,7 @@ pub const READERS: &[Reader] = &[
     Reader {
         name: "gguf",
         detect: gguf::is_gguf,
-        parse: |_, src| {
+        parse: |src| {
             let g = GgufFile::read(&src)?;
             Ok(ParsedFile::Gguf(src, g))
         },
@@ -81,7 +80,7 @@ pub fn reader_of(src: &SourceFile) -> Result<&'static Reader> {
 
 /// One KNOT container: SK32 (a `sketches` map) or dense .knot (a `tensors`
 /// map).
-fn parse_knot(_: &Path, src: SourceFile) -> Result<ParsedFile> {
+fn parse_knot(src: SourceFile) -> Result<ParsedFile> {
     let c = read_container(&src)?;
     match (c.has_sketches(), c.has_tensors()) {
         (true, false) => {
@@ -112,7 +111,7 @@ impl ParsedFile {
     /// Sniff `path` and read its header.
     pub fn open(path: &Path) -> Result<ParsedFile> {
         let src = SourceFile::open(path)?;
-        (reader_of(&src)?.parse)(path, src)
+        (reader_of(&src)?.parse)(src)
     }
 
     /// The backend serving this file in `role`.
