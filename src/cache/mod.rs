@@ -9,14 +9,8 @@
 mod decoded;
 pub mod store;
 
-use std::sync::{Mutex, MutexGuard};
-
 pub use decoded::{BUDGET_WAIT, BlockCache, CacheStats, Chunk, ChunkKey, PendingRead, Prefetched};
 
-/// Lock a mutex whose data stays consistent even if a holder panicked.
-/// Every lock in the daemon guards state that each mutation leaves whole
-/// (a map insert, a counter), so a poisoned lock is used as is rather than
-/// taking the daemon down.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// The daemon's poison-tolerant lock (a poisoned lock's data is used as
+/// is rather than taking the daemon down), shared with `source`.
+pub(crate) use crate::source::lock;

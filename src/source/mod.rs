@@ -55,10 +55,10 @@ use remote::RemoteFile;
 pub use remote::{DiskCacheStats, RemoteStats, is_remote, redact};
 pub use runtime::stop_runtime;
 
-/// Lock a mutex whose data stays consistent even if a holder panicked (as
-/// `cache::lock`, which is above this module): every lock here guards
-/// state each mutation leaves whole.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Lock a mutex whose data stays consistent even if a holder panicked:
+/// every lock it is used for guards state each mutation leaves whole (a
+/// single insert or remove), so poisoning is ignored. `cache` uses it too.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

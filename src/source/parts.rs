@@ -16,12 +16,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
 use lru::LruCache;
 
+use super::lock;
 use crate::error::ErrorKind;
 
 /// What a failed fetch tells the readers that waited for it (the error
@@ -85,12 +86,6 @@ pub(crate) struct BlockCache {
     misses: AtomicU64,
     waits: AtomicU64,
     evictions: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock leaves consistent data behind (every
-    // update is a single insert/remove), so poisoning is ignored.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a reader finds for a block.
