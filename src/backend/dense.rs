@@ -1,4 +1,6 @@
-//! Dense backend: ggml blocks at known offsets (GGUF and dense .knot).
+//! Dense backend: ggml blocks at known offsets of one or more files (a
+//! GGUF, a dense .knot; a set of several files, such as a split GGUF, is
+//! one backend whose tensors each name the file they lie in).
 
 use crate::backend::scratch;
 use crate::backend::{
@@ -15,6 +17,8 @@ use crate::quant::{self, GgmlType};
 use crate::source::SourceFile;
 
 struct Extent {
+    /// Index into the backend's `files`.
+    file: usize,
     ty: GgmlType,
     /// Absolute offset of the tensor's first block.
     offset: u64,
@@ -23,7 +27,9 @@ struct Extent {
 }
 
 pub struct DenseBackend {
-    src: SourceFile,
+    /// Every file the tensors lie in; `files[0]` is the one the set was
+    /// opened as (its header holds the model's metadata).
+    files: Vec<SourceFile>,
     summary: SourceSummary,
     table: TensorTable,
     extents: Vec<Extent>,
@@ -32,6 +38,7 @@ pub struct DenseBackend {
 impl DenseBackend {
     pub fn from_gguf(src: SourceFile, g: GgufFile, role: Role) -> Result<Self> {
         let stored = g.tensors.iter().map(|t| StoredTensor {
+            file: 0,
             name: &t.name,
             // GGUF dims are ne-order (ne0 fastest); served outer-first.
             shape: t.dims.iter().rev().copied().collect(),
@@ -52,11 +59,12 @@ impl DenseBackend {
             )],
             metadata: g.metadata,
         };
-        Self::build(src, summary, role, stored)
+        Self::build(vec![src], summary, role, stored)
     }
 
     pub fn from_knot(src: SourceFile, k: DenseKnotFile, role: Role) -> Result<Self> {
         let stored = k.tensors.iter().map(|t| StoredTensor {
+            file: 0,
             name: &t.name,
             shape: t.shape.clone(),
             n_elements: t.n_elements,
@@ -73,20 +81,34 @@ impl DenseBackend {
             notes: vec![format!("payload at byte {}", k.payload_base)],
             metadata: k.metadata,
         };
-        Self::build(src, summary, role, stored)
+        Self::build(vec![src], summary, role, stored)
     }
 
-    /// The table and extents for tensors already validated by a format reader.
-    fn build<'a>(
-        src: SourceFile,
+    /// The table and extents for tensors already validated by a format
+    /// reader, each lying in `files[t.file]` (a reader of a set of files
+    /// builds its backend through this; `summary.path` names the set).
+    pub(crate) fn build<'a>(
+        files: Vec<SourceFile>,
         summary: SourceSummary,
         role: Role,
         stored: impl ExactSizeIterator<Item = StoredTensor<'a>>,
     ) -> Result<Self> {
-        let org = origin(role, summary.format, src.path());
+        let org = origin(role, summary.format, &summary.path);
         let mut table = TensorTable::default();
         let mut extents = Vec::with_capacity(stored.len());
         for t in stored {
+            let Some(src) = files.get(t.file) else {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!(
+                        "tensor {:?} names file {} of a set of {}",
+                        t.name,
+                        t.file,
+                        files.len()
+                    ),
+                )
+                .path(&summary.path));
+            };
             let name = TensorName::from_stored(t.name).map_err(|e| e.path(src.path()))?;
             let info = TensorInfo {
                 name,
@@ -102,13 +124,14 @@ impl DenseBackend {
                 .push(info, t.name)
                 .map_err(|e| e.path(src.path()).at(t.offset))?;
             extents.push(Extent {
+                file: t.file,
                 ty: t.ty,
                 offset: t.offset,
                 sums: t.sums,
             });
         }
         Ok(DenseBackend {
-            src,
+            files,
             summary,
             table,
             extents,
@@ -117,6 +140,18 @@ impl DenseBackend {
 }
 
 impl DenseBackend {
+    /// The file an extent lies in (checked at build; an error, not a
+    /// panic, should that ever change).
+    fn file_of(&self, ext: &Extent) -> Result<&SourceFile> {
+        self.files.get(ext.file).ok_or_else(|| {
+            err(
+                ErrorKind::BadValue,
+                format!("extent names file {} of {}", ext.file, self.files.len()),
+            )
+            .path(&self.summary.path)
+        })
+    }
+
     /// The stored bytes (ggml blocks, verbatim) of tensor `index` from byte
     /// `offset` of the tensor's data, into `buf`; checked against the
     /// tensor's stored size. Read through the open file: what the mount
@@ -142,7 +177,7 @@ impl DenseBackend {
         }
         // Inside the tensor's byte range, validated against the file at open.
         read_stored_bytes(
-            &self.src,
+            self.file_of(ext)?,
             ext.offset,
             ext.sums.as_ref(),
             offset,
@@ -221,15 +256,18 @@ pub(crate) fn read_ggml_f32(
 }
 
 /// One tensor as a dense reader found it, in the served (outer-first) shape.
-struct StoredTensor<'a> {
-    name: &'a str,
-    shape: Vec<u64>,
-    n_elements: u64,
-    ty: GgmlType,
-    bytes: u64,
-    /// Absolute offset of the first block.
-    offset: u64,
-    sums: Option<ChunkSums>,
+pub(crate) struct StoredTensor<'a> {
+    /// Index of the file it lies in, in the `files` given to
+    /// [`DenseBackend::build`].
+    pub file: usize,
+    pub name: &'a str,
+    pub shape: Vec<u64>,
+    pub n_elements: u64,
+    pub ty: GgmlType,
+    pub bytes: u64,
+    /// Absolute offset of the first block, in its file.
+    pub offset: u64,
+    pub sums: Option<ChunkSums>,
 }
 
 pub(crate) fn availability(ty: GgmlType) -> Availability {
@@ -246,7 +284,7 @@ impl Backend for DenseBackend {
     }
 
     fn source_files(&self) -> Vec<&SourceFile> {
-        vec![&self.src]
+        self.files.iter().collect()
     }
 
     fn as_dense(&self) -> Option<&DenseBackend> {
@@ -260,7 +298,7 @@ impl Backend for DenseBackend {
     fn stored_ranges(&self, index: usize) -> Option<super::StoredRanges<'_>> {
         let (info, ext) = (self.table.info(index)?, self.extents.get(index)?);
         Some(super::StoredRanges::one(
-            &self.src,
+            self.files.get(ext.file)?,
             ext.offset,
             info.stored_bytes,
         ))
@@ -269,7 +307,7 @@ impl Backend for DenseBackend {
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
         read_ggml_f32(
-            &self.src,
+            self.file_of(ext)?,
             info,
             (ext.ty, ext.offset, ext.sums.as_ref()),
             first_elem,
@@ -284,6 +322,55 @@ mod tests {
     use crate::backend::open_single;
     use crate::format::gguf::write_gguf;
     use crate::format::meta::Metadata;
+
+    /// A backend over a set of files reads each tensor from its own file,
+    /// lists every file as a source, and refuses a tensor naming a file the
+    /// set does not have.
+    #[test]
+    fn a_backend_over_several_files_reads_each_tensor_from_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Vec::new();
+        for (i, v) in [1.5f32, -2.25].into_iter().enumerate() {
+            let path = dir.path().join(format!("part{i}.bin"));
+            let bytes: Vec<u8> = [0.0f32, v].iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(&path, bytes).unwrap();
+            files.push(SourceFile::open(&path).unwrap());
+        }
+        let summary = || SourceSummary {
+            checked: false,
+            format: FileFormat::Gguf,
+            version: 3,
+            path: dir.path().join("part0.bin"),
+            notes: Vec::new(),
+            metadata: Metadata::default(),
+        };
+        let tensor = |file, name| StoredTensor {
+            file,
+            name,
+            shape: vec![1],
+            n_elements: 1,
+            ty: GgmlType::F32,
+            bytes: 4,
+            offset: 4,
+            sums: None,
+        };
+        let stored = [tensor(0, "a.weight"), tensor(1, "b.weight")];
+        let b = DenseBackend::build(files, summary(), Role::Primary, stored.into_iter()).unwrap();
+        assert_eq!(b.source_files().len(), 2);
+        let mut out = [0f32];
+        b.read_f32(0, 0, &mut out).unwrap();
+        assert_eq!(out, [1.5]);
+        b.read_f32(1, 0, &mut out).unwrap();
+        assert_eq!(out, [-2.25]);
+        let ranges = b.stored_ranges(1).unwrap();
+        assert_eq!(ranges.total(), 4);
+        let one = vec![SourceFile::open(&dir.path().join("part0.bin")).unwrap()];
+        let bad = [tensor(1, "c.weight")];
+        let e = DenseBackend::build(one, summary(), Role::Primary, bad.into_iter())
+            .err()
+            .expect("a tensor in a file the set lacks is refused");
+        assert!(e.to_string().contains("file 1 of a set of 1"), "{e}");
+    }
 
     #[test]
     fn read_stored_copies_a_tensors_bytes_and_refuses_outside_them() {

@@ -1,7 +1,7 @@
 //! Open any supported file by sniffing its first bytes: the table of
 //! readers ([`READERS`]), the one place a kind of file is registered.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::backend::{Backend, DenseBackend, LayeredBackend, RknotBackend, Role, SketchBackend};
 use crate::error::{ErrorKind, Result, err};
@@ -65,6 +65,54 @@ pub const READERS: &[Reader] = &[
     },
 ];
 
+/// A reader of a local directory that holds one model's files (a split
+/// GGUF set, a Hugging Face checkpoint): it names the member that opens
+/// the whole model through [`READERS`] (a set's first shard, a
+/// checkpoint's index), so a directory is opened as that member is. A new
+/// kind of directory is one entry in [`DIR_READERS`].
+pub struct DirReader {
+    /// What it looks for, for people ("a split GGUF set").
+    pub name: &'static str,
+    /// The member of the directory that opens its model, None when the
+    /// directory holds nothing of this kind.
+    pub member: fn(&Path) -> Result<Option<PathBuf>>,
+}
+
+/// Every directory reader; a directory two of them claim is refused
+/// (the user names the file).
+pub const DIR_READERS: &[DirReader] = &[];
+
+/// The path to open for `path`: itself, or for a local directory the
+/// member one [`DirReader`] names. A directory no reader claims is left
+/// as it is (opening it then says it is a directory).
+pub fn resolve_dir(path: &Path) -> Result<PathBuf> {
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Ok(path.to_path_buf());
+    }
+    let mut found = Vec::new();
+    for r in DIR_READERS {
+        if let Some(member) = (r.member)(path)? {
+            found.push((r.name, member));
+        }
+    }
+    match found.as_slice() {
+        [] => Ok(path.to_path_buf()),
+        [(_, member)] => Ok(member.clone()),
+        [..] => Err(err(
+            ErrorKind::BadValue,
+            format!(
+                "the directory holds more than one model ({}): name the file to open",
+                found
+                    .iter()
+                    .map(|(what, m)| format!("{what}: {}", m.display()))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        )
+        .path(path)),
+    }
+}
+
 /// The reader of `src`, from its first bytes.
 pub fn reader_of(src: &SourceFile) -> Result<&'static Reader> {
     let mut head = [0u8; format::HEAD_BYTES];
@@ -108,9 +156,10 @@ fn parse_knot(src: SourceFile) -> Result<ParsedFile> {
 }
 
 impl ParsedFile {
-    /// Sniff `path` and read its header.
+    /// Sniff `path` (a file, or a directory a [`DirReader`] claims) and
+    /// read its header.
     pub fn open(path: &Path) -> Result<ParsedFile> {
-        let src = SourceFile::open(path)?;
+        let src = SourceFile::open(&resolve_dir(path)?)?;
         (reader_of(&src)?.parse)(src)
     }
 
