@@ -30,6 +30,7 @@
 //! directory's name or the model card, which these files do not carry.
 
 pub mod config;
+mod special;
 pub mod tokenizer;
 
 use serde_json::{Map, Value};
