@@ -8,8 +8,14 @@
 use serde_json::{Map, Value};
 
 use super::config::string_array;
-use super::tokenizer::{Added, Input};
 use crate::format::meta::{MetaValue, Metadata};
+
+/// One added token of tokenizer.json.
+pub(super) struct Added {
+    pub(super) id: u64,
+    pub(super) content: String,
+    pub(super) special: bool,
+}
 
 /// An add-token flag: set it, or (`keep`) set it only when unset.
 fn set_add(add: &mut Vec<(&'static str, bool)>, typ: &'static str, v: bool, keep: bool) {
@@ -226,13 +232,14 @@ fn special_id(entry: Option<&Value>) -> Option<String> {
 /// its order.
 pub(super) fn special_vocab(
     t: &Map<String, Value>,
-    input: &Input,
+    tokenizer_config: Option<&Map<String, Value>>,
+    config: &Map<String, Value>,
     added: &[Added],
     merges: Vec<String>,
     md: &mut Metadata,
     notes: &mut Vec<String>,
 ) {
-    let mut st = State::new(input.tokenizer_config);
+    let mut st = State::new(tokenizer_config);
     let processors: Vec<&Value> = match t.get("post_processor") {
         Some(p @ Value::Object(o)) => match o.get("processors").and_then(Value::as_array) {
             Some(list) => list.iter().collect(),
@@ -293,7 +300,7 @@ pub(super) fn special_vocab(
     for &typ in &types {
         set_id(
             typ,
-            input.config.get(&format!("{typ}_token_id")),
+            config.get(&format!("{typ}_token_id")),
             notes,
             "config.json",
         );

@@ -23,7 +23,7 @@
 use serde_json::{Map, Value};
 
 use super::config::{rules, string_array};
-use super::special::special_vocab;
+use super::special::{Added, special_vocab};
 use crate::format::meta::{MetaType, MetaValue, Metadata};
 
 /// Largest vocabulary and merge list converted (the largest real ones are
@@ -54,13 +54,6 @@ pub struct Input<'a> {
     pub vocab_size: Option<u64>,
     /// The family ([`crate::arch::Architecture::name`]).
     pub family: &'static str,
-}
-
-/// One added token of tokenizer.json.
-pub(super) struct Added {
-    pub(super) id: u64,
-    pub(super) content: String,
-    pub(super) special: bool,
 }
 
 /// The tokenizer key/values of `input`, or why there are none (the caller
@@ -113,7 +106,15 @@ pub fn tokenizer_metadata(input: &Input, notes: &mut Vec<String>) -> Result<Meta
             values: types.into_iter().map(MetaValue::I32).collect(),
         },
     );
-    special_vocab(&t, input, &added, merges, &mut md, notes);
+    special_vocab(
+        &t,
+        input.tokenizer_config,
+        input.config,
+        &added,
+        merges,
+        &mut md,
+        notes,
+    );
     if let Some(n) = r.and_then(|r| r.no_bos_vocab)
         && input.vocab_size == Some(n)
     {
