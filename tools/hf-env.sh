@@ -18,7 +18,9 @@
 # The versions the checks were written against (torch 2.15 / transformers
 # 5.23 load llama and qwen2 GGUFs through transformers' legacy GGUF loader,
 # which dequantizes with gguf-py: the anchor of the bit-exact comparison).
-RKNOT_HF_PINS="torch==2.15.0 transformers==5.23.0 accelerate==1.15.0 tokenizers==0.23.3 safetensors==0.8.0 gguf==0.19.0 numpy==2.4.6"
+# sentencepiece: llama.cpp's convert_hf_to_gguf.py imports it before it
+# falls back to a checkpoint's tokenizer.json (tests/hf_import.rs).
+RKNOT_HF_PINS="torch==2.15.0 transformers==5.23.0 accelerate==1.15.0 tokenizers==0.23.3 safetensors==0.8.0 gguf==0.19.0 numpy==2.4.6 sentencepiece==0.2.3"
 
 # Free space the first install needs where the environment goes, in GiB
 # (5.6 GiB installed, plus pip's unpacking).
@@ -37,7 +39,7 @@ for pin in sys.argv[1].split():
     name, want = pin.split("==")
     if version(name) != want:
         sys.exit(1)
-import torch, transformers, accelerate, gguf, safetensors, tokenizers
+import torch, transformers, accelerate, gguf, safetensors, tokenizers, sentencepiece
 PY
 }
 

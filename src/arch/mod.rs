@@ -15,6 +15,7 @@
 //! nothing above it.
 
 pub mod common;
+pub mod hf_import;
 pub mod llama;
 pub mod qwen2;
 
@@ -28,6 +29,14 @@ pub static FAMILIES: &[&dyn Architecture] = &[&llama::Llama, &qwen2::Qwen2];
 /// The family of a GGUF `general.architecture` value.
 pub fn lookup(name: &str) -> Option<&'static dyn Architecture> {
     FAMILIES.iter().copied().find(|a| a.name() == name)
+}
+
+/// The family of a Hugging Face config.json's `model_type`.
+pub fn lookup_hf(model_type: &str) -> Option<&'static dyn Architecture> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|a| a.hf_model_type() == model_type)
 }
 
 /// The supported `general.architecture` values, for messages:
@@ -144,6 +153,13 @@ mod tests {
         }
         assert!(lookup("phi3").is_none());
         assert!(lookup("").is_none());
+        for a in FAMILIES {
+            assert_eq!(
+                lookup_hf(a.hf_model_type()).map(|f| f.name()),
+                Some(a.name())
+            );
+        }
+        assert!(lookup_hf("mistral").is_none());
         assert_eq!(supported_list(true), r#""llama" and "qwen2""#);
         assert_eq!(supported_list(false), "llama and qwen2");
     }
