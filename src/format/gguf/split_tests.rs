@@ -77,7 +77,7 @@ fn open_path(p: &Path) -> Result<GgufSplit> {
 }
 
 fn refusal(p: &Path) -> String {
-    open_path(p).err().expect("refused").to_string()
+    open_path(p).expect_err("refused").to_string()
 }
 
 #[test]
