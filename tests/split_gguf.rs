@@ -23,7 +23,7 @@ use rknot::backend::{Role, open_single};
 /// (argv: source, output path, split_max_tensors, small_first_shard 0/1):
 /// every metadata key as read (the writer adds general.architecture
 /// itself, first, where the source has it too), every tensor's stored
-/// bytes as they are. Prints the shard paths.
+/// bytes as they are ([`WRITE_AND_LIST`] writes them).
 const SPLIT_WRITER: &str = r#"
 import sys, gguf
 src, out, per, small = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
@@ -38,11 +38,6 @@ for f in r.fields.values():
     w.add_key_value(f.name, f.contents(), vt, sub_type=sub)
 for t in r.tensors:
     w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-w.write_header_to_file()
-w.write_kv_data_to_file()
-w.write_tensors_to_file()
-w.close()
-print("\n".join(str(p) for p in w.format_shard_names(w.path)))
 "#;
 
 /// A tiny model written split by gguf-py (argv: output path, tensors,
@@ -54,6 +49,10 @@ w = gguf.GGUFWriter(out, "llama", split_max_tensors=per)
 w.add_name("tiny %g" % seed)
 for i in range(n):
     w.add_tensor("blk.%d.ffn_norm.weight" % i, np.arange(8, dtype=np.float32) * seed + i)
+"#;
+
+/// How both writers end: the files written, their paths printed.
+const WRITE_AND_LIST: &str = r#"
 w.write_header_to_file()
 w.write_kv_data_to_file()
 w.write_tensors_to_file()
@@ -61,9 +60,10 @@ w.close()
 print("\n".join(str(p) for p in w.format_shard_names(w.path)))
 "#;
 
-fn run_python(script: &str, args: &[&str]) -> Option<Vec<PathBuf>> {
+/// Run a writer script; the shard paths it wrote.
+fn run_python(writer: &str, args: &[&str]) -> Option<Vec<PathBuf>> {
     let args: Vec<&Path> = args.iter().map(Path::new).collect();
-    let out = python(script, &args)?;
+    let out = python(&format!("{writer}{WRITE_AND_LIST}"), &args)?;
     Some(out.lines().map(PathBuf::from).collect())
 }
 
@@ -82,6 +82,14 @@ fn split_smollm2(model: &Path, dir: &Path, small_first: bool) -> Option<Vec<Path
         );
     }
     Some(shards)
+}
+
+/// SmolLM2, a temporary directory and SmolLM2 split into it.
+fn smollm2_split(small_first: bool) -> Option<(PathBuf, tempfile::TempDir, Vec<PathBuf>)> {
+    let model = smollm2()?;
+    let dir = tempfile::tempdir().unwrap();
+    let shards = split_smollm2(&model, dir.path(), small_first)?;
+    Some((model, dir, shards))
 }
 
 /// Every tensor's name, from the unsplit file.
@@ -178,9 +186,7 @@ needs! { [model]
 /// inspect, cat, verify, manifest (+ verify --manifest), encode knot and
 /// probe take any shard of a set and see the whole model.
 fn the_cli_takes_a_split_set() {
-    let model = smollm2().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let Some(shards) = split_smollm2(&model, dir.path(), true) else {
+    let Some((model, dir, shards)) = smollm2_split(true) else {
         return;
     };
     let (single, shard2) = (model.to_str().unwrap(), shards[1].to_str().unwrap());
@@ -381,9 +387,7 @@ needs! { [fuse, model]
 /// missing an object is refused naming its URL.
 fn a_split_set_over_http() {
     assert!(fuse_available());
-    let model = smollm2().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let Some(shards) = split_smollm2(&model, dir.path(), false) else {
+    let Some((model, _dir, shards)) = smollm2_split(false) else {
         return;
     };
     let s = Server::start(Vec::new());
@@ -418,17 +422,6 @@ fn a_split_set_over_http() {
 }
 }
 
-/// Write one command to a mount's ctl; Err(errno) when refused.
-fn ctl_command(m: &Mounted, line: &str) -> Result<(), i32> {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(m.path("ctl"))
-        .unwrap();
-    f.write_all(format!("{line}\n").as_bytes())
-        .map_err(|e| e.raw_os_error().unwrap_or(0))
-}
-
 needs! { [fuse, model]
 /// A set mounted under its manifest (every shard listed) with jobs: an
 /// encoding job reads the whole model (the same .knot as the CLI makes of
@@ -436,9 +429,7 @@ needs! { [fuse, model]
 /// bytes in shard 3 differ from the manifest fails its reads.
 fn a_split_set_mounts_under_its_manifest_with_jobs() {
     assert!(fuse_available());
-    let model = smollm2().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let Some(shards) = split_smollm2(&model, dir.path(), true) else {
+    let Some((model, dir, shards)) = smollm2_split(true) else {
         return;
     };
     let sums = dir.path().join("smol.sums");
@@ -453,7 +444,7 @@ fn a_split_set_mounts_under_its_manifest_with_jobs() {
             &shards[2],
             &["--manifest", sums.to_str().unwrap(), "--jobs-dir", jobs.path().to_str().unwrap()],
         );
-        ctl_command(&m, "encode knot out=set.knot").unwrap();
+        m.command("encode knot out=set.knot").unwrap();
         let j = m.wait_job(1, &["done", "failed"], 120);
         assert_eq!(j["state"], "done", "{j}");
         assert!(
@@ -465,7 +456,7 @@ fn a_split_set_mounts_under_its_manifest_with_jobs() {
         // A job's output never replaces a shard.
         let m = Mounted::new(&shards[2], &["--jobs-dir", dir.path().to_str().unwrap()]);
         let line = "encode knot out=smol-00002-of-00003.gguf overwrite=1";
-        assert_eq!(ctl_command(&m, line), Err(libc::EINVAL), "{line}");
+        assert_eq!(m.command(line), Err(libc::EINVAL), "{line}");
         assert!(m.last_error().contains("same device and inode"), "{}", m.last_error());
     }
     // One byte of the last tensor's data in shard 3, changed.
