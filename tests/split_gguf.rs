@@ -472,3 +472,37 @@ fn a_split_set_mounts_under_its_manifest_with_jobs() {
     std::fs::read(m.path(&format!("{}.f32", names[0]))).unwrap();
 }
 }
+
+needs! { [moto]
+/// Over S3 (moto) too: a set opens from its last shard's key (the others
+/// found by name, each its own object), reads as the local set does, and a
+/// missing object is refused naming its URL.
+fn a_split_set_over_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(shards) = tiny_set(dir.path(), "tiny", 3, 1, 2.0) else {
+        return;
+    };
+    let s3 = common::s3::S3::start();
+    s3.create_bucket("models");
+    for s in &shards {
+        let name = s.file_name().unwrap().to_str().unwrap();
+        s3.upload(s, "models", &format!("set/{name}"));
+    }
+    s3.upload(&shards[0], "models", "gap/tiny-00001-of-00003.gguf");
+    let rknot = |args: &[&str]| s3.command(rknot_bin()).args(args).output().unwrap();
+    let url = "s3://models/set/tiny-00003-of-00003.gguf";
+    let o = rknot(&["inspect", url]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("split set of 3 shards"), "{text}");
+    let local = run_rknot(&["cat", shards[2].to_str().unwrap(), "blk.0.ffn_norm.weight"]);
+    let remote = rknot(&["cat", url, "blk.0.ffn_norm.weight"]);
+    assert!(remote.status.success(), "{}", String::from_utf8_lossy(&remote.stderr));
+    assert_eq!(remote.stdout, local.stdout);
+    assert_eq!(local.stdout.len(), 32);
+    let o = rknot(&["inspect", "s3://models/gap/tiny-00001-of-00003.gguf"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a set missing two objects opened");
+    assert!(e.contains("s3://models/gap/tiny-00002-of-00003.gguf") && e.contains("missing"), "{e}");
+}
+}
