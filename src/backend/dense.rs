@@ -10,7 +10,8 @@ use crate::backend::{
 use crate::error::{ErrorKind, Result, err};
 use crate::format::FileFormat;
 use crate::format::checksum::ChunkSums;
-use crate::format::gguf::GgufFile;
+use crate::format::gguf::split::GgufSplit;
+use crate::format::gguf::{GgufFile, GgufTensorInfo};
 use crate::format::knot::DenseKnotFile;
 use crate::names::TensorName;
 use crate::quant::{self, GgmlType};
@@ -37,17 +38,7 @@ pub struct DenseBackend {
 
 impl DenseBackend {
     pub fn from_gguf(src: SourceFile, g: GgufFile, role: Role) -> Result<Self> {
-        let stored = g.tensors.iter().map(|t| StoredTensor {
-            file: 0,
-            name: &t.name,
-            // GGUF dims are ne-order (ne0 fastest); served outer-first.
-            shape: t.dims.iter().rev().copied().collect(),
-            n_elements: t.n_elements,
-            ty: t.ty,
-            bytes: t.n_bytes,
-            offset: t.offset,
-            sums: None,
-        });
+        let stored = g.tensors.iter().map(|t| StoredTensor::of_gguf(0, t));
         let summary = SourceSummary {
             checked: false,
             format: FileFormat::Gguf,
@@ -60,6 +51,42 @@ impl DenseBackend {
             metadata: g.metadata,
         };
         Self::build(vec![src], summary, role, stored)
+    }
+
+    /// A split GGUF set as one model: every shard's tensors, each read from
+    /// its shard; the metadata is shard 0's without the split keys, the
+    /// set named by shard 0's path.
+    pub fn from_gguf_split(set: GgufSplit, role: Role) -> Result<Self> {
+        let metadata = set.metadata();
+        let Some(first) = set.shards.first() else {
+            return Err(err(ErrorKind::BadValue, "a split GGUF set of no shards"));
+        };
+        let summary = SourceSummary {
+            checked: false,
+            format: FileFormat::Gguf,
+            version: first.file.version,
+            path: first.src.path().to_path_buf(),
+            notes: vec![
+                format!("split set of {} shards", set.shards.len()),
+                format!(
+                    "alignment {}, data section of shard 1 at byte {}",
+                    first.file.alignment, first.file.data_offset
+                ),
+            ],
+            metadata,
+        };
+        let tensors: Vec<(usize, Vec<GgufTensorInfo>)> = set
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, s.file.tensors.clone()))
+            .collect();
+        let files = set.shards.into_iter().map(|s| s.src).collect();
+        let stored: Vec<StoredTensor> = tensors
+            .iter()
+            .flat_map(|(i, ts)| ts.iter().map(|t| StoredTensor::of_gguf(*i, t)))
+            .collect();
+        Self::build(files, summary, role, stored.into_iter())
     }
 
     pub fn from_knot(src: SourceFile, k: DenseKnotFile, role: Role) -> Result<Self> {
@@ -268,6 +295,23 @@ pub(crate) struct StoredTensor<'a> {
     /// Absolute offset of the first block, in its file.
     pub offset: u64,
     pub sums: Option<ChunkSums>,
+}
+
+impl<'a> StoredTensor<'a> {
+    /// A GGUF tensor lying in file `file` of the backend.
+    fn of_gguf(file: usize, t: &'a GgufTensorInfo) -> Self {
+        StoredTensor {
+            file,
+            name: &t.name,
+            // GGUF dims are ne-order (ne0 fastest); served outer-first.
+            shape: t.dims.iter().rev().copied().collect(),
+            n_elements: t.n_elements,
+            ty: t.ty,
+            bytes: t.n_bytes,
+            offset: t.offset,
+            sums: None,
+        }
+    }
 }
 
 pub(crate) fn availability(ty: GgmlType) -> Availability {

@@ -7,6 +7,7 @@ use crate::backend::{Backend, DenseBackend, LayeredBackend, RknotBackend, Role, 
 use crate::error::{ErrorKind, Result, err};
 use crate::format;
 use crate::format::container::{self, KNOT_PREFIX_LEN, read_container};
+use crate::format::gguf::split::GgufSplit;
 use crate::format::gguf::{self, GgufFile};
 use crate::format::knot::DenseKnotFile;
 use crate::format::rknot::RknotFile;
@@ -20,6 +21,8 @@ pub enum ParsedFile {
     Sk32(SourceFile, Sk32File),
     DenseKnot(SourceFile, DenseKnotFile),
     Gguf(SourceFile, GgufFile),
+    /// A split GGUF set, every shard read and checked: one model.
+    GgufSplit(GgufSplit),
 }
 
 /// A reader of one kind of file, as opening sees it: how its first bytes
@@ -60,6 +63,10 @@ pub const READERS: &[Reader] = &[
         detect: gguf::is_gguf,
         parse: |src| {
             let g = GgufFile::read(&src)?;
+            // A shard is never served alone: it opens its whole set.
+            if gguf::split::is_shard(&g, src.path())? {
+                return Ok(ParsedFile::GgufSplit(GgufSplit::open(src, g)?));
+            }
             Ok(ParsedFile::Gguf(src, g))
         },
     },
@@ -80,7 +87,10 @@ pub struct DirReader {
 
 /// Every directory reader; a directory two of them claim is refused
 /// (the user names the file).
-pub const DIR_READERS: &[DirReader] = &[];
+pub const DIR_READERS: &[DirReader] = &[DirReader {
+    name: "a GGUF file or split GGUF set",
+    member: gguf::split::dir_member,
+}];
 
 /// The path to open for `path`: itself, or for a local directory the
 /// member one [`DirReader`] names. A directory no reader claims is left
@@ -170,6 +180,7 @@ impl ParsedFile {
             ParsedFile::Sk32(src, f) => Box::new(SketchBackend::new(src, f, role)?),
             ParsedFile::DenseKnot(src, f) => Box::new(DenseBackend::from_knot(src, f, role)?),
             ParsedFile::Gguf(src, g) => Box::new(DenseBackend::from_gguf(src, g, role)?),
+            ParsedFile::GgufSplit(set) => Box::new(DenseBackend::from_gguf_split(set, role)?),
         };
         super::declare_extents(backend.as_ref());
         Ok(backend)

@@ -444,23 +444,27 @@ pub fn write_manifest(
     use std::io::Write;
 
     let mut opened = Vec::with_capacity(files.len());
-    let mut names: Vec<Vec<u8>> = Vec::new();
     for (i, p) in files.iter().enumerate() {
         let role = if i == 0 {
             Role::Primary
         } else {
             Role::Fallback
         };
-        let name = basename(p)?;
+        opened.push(open_single(p, role)?);
+    }
+    // Every file read, each under its own basename: a split set's shards
+    // each get their lines.
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    for f in opened.iter().flat_map(|b| b.source_files()) {
+        let name = basename(f.path())?;
         if names.contains(&name) {
             return Err(err(
                 ErrorKind::BadValue,
                 "two files with the same basename cannot share a manifest (its lines name files by basename)",
             )
-            .path(p));
+            .path(f.path()));
         }
         names.push(name);
-        opened.push(open_single(p, role)?);
     }
     let sources: Vec<_> = opened.iter().flat_map(|b| b.source_files()).collect();
     let target = OutputTarget::from_sources(out, force, &sources)?;
@@ -478,10 +482,13 @@ pub fn write_manifest(
     let mut hashed = 0;
     let total: u64 = sources.iter().map(|s| s.len()).sum();
     progress.set_total(total);
-    for (b, name) in opened.iter().zip(&names) {
-        let (file, tensors) = tensor_bytes(b.as_ref())?;
+    let per_file = opened
+        .iter()
+        .map(|b| tensor_bytes(b.as_ref()))
+        .collect::<Result<Vec<_>>>()?;
+    for ((file, tensors), name) in per_file.iter().flatten().zip(&names) {
         progress.set_message(&file.path().to_string_lossy());
-        let d = digest_file(file, &tensors, &mut |n| progress.inc(n))?;
+        let d = digest_file(file, tensors, &mut |n| progress.inc(n))?;
         hashed += file.len();
         body.extend(file_lines(name, &d));
     }

@@ -97,6 +97,27 @@ impl SourceFile {
         })
     }
 
+    /// The file named `name` (a bare file name) in the same directory as
+    /// this one, or for a remote object the object whose URL differs from
+    /// this one's in its last path segment only, opened the same way (each
+    /// its own source, pinned on its own): how the members of a set of files
+    /// that find each other by name (a split GGUF's shards) are opened.
+    pub fn open_sibling(&self, name: &str) -> Result<SourceFile> {
+        if name.is_empty() || name.contains(['/', '\\', '?', '#']) || name == "." || name == ".." {
+            return Err(
+                err(ErrorKind::BadValue, format!("{name:?} is not a file name")).path(self.path()),
+            );
+        }
+        Ok(SourceFile {
+            backing: match &self.backing {
+                Backing::Local(l) => {
+                    Backing::Local(LocalFile::open(&l.path().with_file_name(name))?)
+                }
+                Backing::Remote(r) => Backing::Remote(Box::new(r.open_sibling(name)?)),
+            },
+        })
+    }
+
     /// The local path, or the redacted URL of a remote object.
     pub fn path(&self) -> &Path {
         match &self.backing {

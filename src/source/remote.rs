@@ -402,6 +402,21 @@ impl RemoteFile {
         &self.inner.display
     }
 
+    /// The object named `name` next to this one: the URL as given with
+    /// its last path segment replaced (scheme, host, bucket and query kept:
+    /// an `s3://` URL has none), opened with this object's options. A
+    /// presigned URL's signature covers its own path only, so a sibling of
+    /// one is refused by the server (and named in the error).
+    pub(crate) fn open_sibling(&self, name: &str) -> Result<RemoteFile> {
+        let url = &self.inner.url;
+        let (path, query) = match url.find('?') {
+            Some(i) => url.split_at(i),
+            None => (url.as_str(), ""),
+        };
+        let dir = path.rfind('/').map_or(path, |i| &path[..=i]);
+        RemoteFile::open(&format!("{dir}{name}{query}"), self.inner.opts.clone())
+    }
+
     pub(crate) fn identity(&self) -> &str {
         &self.inner.identity
     }

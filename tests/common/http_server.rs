@@ -4,11 +4,13 @@
 //! ignored) and an object that can be replaced while it serves. It serves
 //! `/m.gguf`; `/secret.gguf` answers 403, `/to-file.gguf` redirects to
 //! `file:///etc/passwd`, `/loop-a.gguf` and `/loop-b.gguf` redirect to each
-//! other, `/hop/N.gguf` to `/hop/N+1.gguf` (without end), and anything else
-//! answers 404.
+//! other, `/hop/N.gguf` to `/hop/N+1.gguf` (without end), every object
+//! added with [`Server::add`] under its name (a split set's shards), and
+//! anything else answers 404.
 //! tests/common/fault_proxy.rs puts more faults in front of it.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,9 +36,13 @@ struct Object {
     etag: String,
 }
 
+/// More objects, by path (`/NAME`).
+type Objects = Arc<Mutex<HashMap<String, Object>>>;
+
 pub struct Server {
     pub port: u16,
     object: Arc<Mutex<Object>>,
+    more: Objects,
     pub faults: Arc<Faults>,
     pub requests: Arc<AtomicU64>,
 }
@@ -51,19 +57,26 @@ impl Server {
         }));
         let faults = Arc::new(Faults::default());
         let requests = Arc::new(AtomicU64::new(0));
-        let (o, f, r) = (object.clone(), faults.clone(), requests.clone());
+        let more = Objects::default();
+        let (o, m, f, r) = (
+            object.clone(),
+            more.clone(),
+            faults.clone(),
+            requests.clone(),
+        );
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let (o, f, r) = (o.clone(), f.clone(), r.clone());
+                let (o, m, f, r) = (o.clone(), m.clone(), f.clone(), r.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &o, &f, &r);
+                    let _ = serve(conn, &o, &m, &f, &r);
                 });
             }
         });
         Server {
             port,
             object,
+            more,
             faults,
             requests,
         }
@@ -75,6 +88,17 @@ impl Server {
 
     pub fn addr(&self) -> std::net::SocketAddr {
         ([127, 0, 0, 1], self.port).into()
+    }
+
+    /// Serve `data` at `/name` too (ETag `"NAME-v1"`).
+    pub fn add(&self, name: &str, data: Vec<u8>) {
+        self.more.lock().unwrap().insert(
+            format!("/{name}"),
+            Object {
+                data: data.into(),
+                etag: format!("\"{name}-v1\""),
+            },
+        );
     }
 
     /// Replace the object (new bytes, new ETag).
@@ -143,6 +167,7 @@ pub fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
 fn serve(
     conn: TcpStream,
     object: &Mutex<Object>,
+    more: &Mutex<HashMap<String, Object>>,
     faults: &Faults,
     requests: &AtomicU64,
 ) -> std::io::Result<()> {
@@ -162,7 +187,7 @@ fn serve(
             respond(&mut w, "503 Service Unavailable", &[], b"busy")?;
             continue;
         }
-        let (data, etag) = {
+        let (mut data, mut etag) = {
             let o = object.lock().unwrap();
             (o.data.clone(), o.etag.clone())
         };
@@ -218,10 +243,13 @@ fn serve(
                 respond(&mut w, "403 Forbidden", &[], b"no")?;
                 continue;
             }
-            _ => {
-                respond(&mut w, "404 Not Found", &[], b"none")?;
-                continue;
-            }
+            p => match more.lock().unwrap().get(p) {
+                Some(o) => (data, etag) = (o.data.clone(), o.etag.clone()),
+                None => {
+                    respond(&mut w, "404 Not Found", &[], b"none")?;
+                    continue;
+                }
+            },
         }
         if if_match.as_ref().is_some_and(|m| *m != etag) {
             respond(&mut w, "412 Precondition Failed", &[], b"")?;

@@ -172,6 +172,17 @@ impl Mounted {
         std::fs::read_to_string(self.path("ctl")).unwrap()
     }
 
+    /// Write one command line to `ctl`; Err(errno) when it is refused.
+    pub fn command(&self, line: &str) -> Result<(), i32> {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.path("ctl"))
+            .unwrap();
+        f.write_all(format!("{line}\n").as_bytes())
+            .map_err(|e| e.raw_os_error().unwrap_or(0))
+    }
+
     /// `ctl.json`, parsed (each call opens it: a fresh snapshot).
     pub fn ctl_json(&self) -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(self.path("ctl.json")).unwrap()).unwrap()

@@ -20,9 +20,11 @@
 //!
 //! The files: `read` (the validating reader of the header and tensor
 //! table), `write` (the writer), `value` (the metadata value model, shared
-//! with the JSON headers of our formats through [`crate::format::meta`]).
+//! with the JSON headers of our formats through [`crate::format::meta`]),
+//! `split` (a split set of GGUF files, opened as one).
 
 mod read;
+pub mod split;
 pub mod value;
 mod write;
 
@@ -98,8 +100,9 @@ impl GgufFile {
     }
 }
 
-/// [`crate::format::Detect`] for GGUF. (A reader of split GGUF sets, which
-/// are GGUF too, would be listed before this one.)
+/// [`crate::format::Detect`] for GGUF, a shard of a split set included:
+/// the reader's parse opens a shard (`split.count` > 1) as its whole set
+/// ([`split::GgufSplit`]).
 pub fn is_gguf(_src: &SourceFile, head: &[u8]) -> Result<bool> {
     Ok(head.starts_with(GGUF_MAGIC))
 }

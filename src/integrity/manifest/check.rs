@@ -4,11 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-use super::digest::{digest_file, tensor_bytes};
+use super::digest::{TensorBytes, digest_file, tensor_bytes};
 use super::{Digest, FileEntries, Manifest, Subject, basename, hex};
 use crate::backend::{Backend, Role, open_single};
 use crate::error::Result;
 use crate::progress::Meter;
+use crate::source::SourceFile;
 use crate::text::Escaped;
 
 /// What is wrong with one subject of one file.
@@ -109,16 +110,30 @@ pub(super) fn structure(path: &Path, entries: &FileEntries<'_>, names: &[&str]) 
     out
 }
 
-/// Check one file (a one-file backend, as `open_single` gives) against
-/// `manifest`: one sequential pass computes every digest; each listed
-/// digest that differs, a missing line and a tensor line without a tensor
-/// is a finding. Errors are reading errors, not findings.
+/// Check a backend opened on its own (as `open_single` gives: one file, or
+/// every shard of a split set) against `manifest`, file by file: one
+/// sequential pass per file computes every digest; each listed digest that
+/// differs, a missing line and a tensor line without a tensor is a
+/// finding. Errors are reading errors, not findings.
 pub fn check_backend(
     b: &dyn Backend,
     manifest: &Manifest,
     progress: &Meter,
 ) -> Result<Vec<Mismatch>> {
-    let (file, tensors) = tensor_bytes(b)?;
+    let mut out = Vec::new();
+    for (file, tensors) in tensor_bytes(b)? {
+        out.extend(check_file(file, &tensors, manifest, progress)?);
+    }
+    Ok(out)
+}
+
+/// [`check_backend`] of one file.
+fn check_file(
+    file: &SourceFile,
+    tensors: &[TensorBytes],
+    manifest: &Manifest,
+    progress: &Meter,
+) -> Result<Vec<Mismatch>> {
     let path = file.path();
     let entries = manifest.for_file(&basename(path)?);
     let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
@@ -127,7 +142,7 @@ pub fn check_backend(
         return Ok(out);
     }
     progress.set_message(&path.to_string_lossy());
-    let d = digest_file(file, &tensors, &mut |n| progress.inc(n))?;
+    let d = digest_file(file, tensors, &mut |n| progress.inc(n))?;
     let mut differs = |subject: Subject, expected: &Digest, found: &Digest| {
         if expected != found {
             out.push(Mismatch {

@@ -38,38 +38,30 @@ pub struct FileDigests {
     pub tensors: Vec<(String, Digest)>,
 }
 
-/// The file of a one-file backend (as `open_single` gives) and every
-/// tensor's stored bytes in it, in the backend's order. A tensor listed
-/// without bytes of its own (`stored_ranges` None) is left out: it has
-/// nothing to digest, and the mount checks the same list.
-pub fn tensor_bytes(b: &dyn Backend) -> Result<(&SourceFile, Vec<TensorBytes>)> {
-    let files = b.source_files();
-    let file = match files.as_slice() {
-        [f] => *f,
-        _ => {
-            return Err(err(
-                ErrorKind::BadValue,
-                format!(
-                    "a manifest digests one file at a time; this backend reads {} files",
-                    files.len()
-                ),
-            )
-            .path(&b.summary().path));
-        }
-    };
-    let mut out = Vec::with_capacity(b.tensors().len());
+/// Every file of a backend opened on its own (as `open_single` gives: one
+/// file, or every shard of a split set) and every tensor's stored bytes in
+/// it, in the backend's order; a file no tensor lies in (a split set's
+/// metadata-only first shard) with none. A tensor listed without bytes of
+/// its own (`stored_ranges` None) is left out: it has nothing to digest,
+/// and the mount checks the same list.
+pub fn tensor_bytes(b: &dyn Backend) -> Result<Vec<(&SourceFile, Vec<TensorBytes>)>> {
+    let mut out: Vec<(&SourceFile, Vec<TensorBytes>)> = b
+        .source_files()
+        .into_iter()
+        .map(|f| (f, Vec::new()))
+        .collect();
     for (i, t) in b.tensors().entries().iter().enumerate() {
         let Some(sr) = b.stored_ranges(i) else {
             continue;
         };
-        if !std::ptr::eq(sr.file, file) {
+        let Some((file, list)) = out.iter_mut().find(|(f, _)| std::ptr::eq(*f, sr.file)) else {
             return Err(err(
                 ErrorKind::BadValue,
-                "stored bytes lie in another file than the backend's own",
+                "stored bytes lie in a file that is not among the backend's own",
             )
-            .path(file.path())
+            .path(sr.file.path())
             .tensor(&t.name.dot));
-        }
+        };
         for r in &sr.ranges {
             if r.start > r.end || r.end > file.len() {
                 return Err(err(
@@ -86,12 +78,12 @@ pub fn tensor_bytes(b: &dyn Backend) -> Result<(&SourceFile, Vec<TensorBytes>)> 
                 .at(r.start));
             }
         }
-        out.push(TensorBytes {
+        list.push(TensorBytes {
             name: t.name.dot.clone(),
             ranges: sr.ranges,
         });
     }
-    Ok((file, out))
+    Ok(out)
 }
 
 /// The union of every tensor's ranges, sorted and merged: what is not in

@@ -179,7 +179,9 @@ pub fn open_verified(
     let (primary, fallback) = backend::open_parts(source, dense)?;
     let mut plans = Vec::new();
     for part in std::iter::once(&primary).chain(fallback.iter()) {
-        plans.push(plan_file(part.as_ref(), &m)?);
+        for (file, tensors) in tensor_bytes(part.as_ref())? {
+            plans.push(plan_file(file, &tensors, &m)?);
+        }
     }
     let inner: Arc<dyn Backend> = Arc::from(backend::assemble(primary, fallback)?);
     // The assembled backend's files are the parts' (moved, maybe into new
@@ -223,8 +225,7 @@ pub fn open_verified(
 type Plan = (PathBuf, SourceVersion, u64, Check);
 
 /// How one file is checked, after the checks that refuse a mount.
-fn plan_file(part: &dyn Backend, m: &Manifest) -> Result<Plan> {
-    let (file, tensors) = tensor_bytes(part)?;
+fn plan_file(file: &SourceFile, tensors: &[TensorBytes], m: &Manifest) -> Result<Plan> {
     let path = file.path().to_path_buf();
     let entries = m.for_file(&basename(&path)?);
     let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
@@ -253,7 +254,7 @@ fn plan_file(part: &dyn Backend, m: &Manifest) -> Result<Plan> {
     }
     let check = match entries.header {
         Some(h) => {
-            let found = digest_header(file, &tensors)?;
+            let found = digest_header(file, tensors)?;
             if found != h.digest {
                 return Err(refusal(
                     ErrorKind::Checksum,
@@ -269,7 +270,7 @@ fn plan_file(part: &dyn Backend, m: &Manifest) -> Result<Plan> {
                     ),
                 ));
             }
-            tensor_check(&tensors, &entries.tensors)
+            tensor_check(tensors, &entries.tensors)
         }
         None => match entries.whole {
             Some(w) => Check::Whole {
