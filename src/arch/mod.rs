@@ -15,6 +15,7 @@
 //! nothing above it.
 
 pub mod common;
+pub mod hf_import;
 pub mod llama;
 pub mod qwen2;
 
@@ -107,6 +108,14 @@ pub trait Architecture: Debug + Send + Sync {
     /// The Hugging Face name and role of a GGUF tensor, None when the
     /// family has no such tensor.
     fn hf_name(&self, gguf: &str) -> Option<(String, Role)>;
+
+    /// The GGUF name and role of a Hugging Face tensor (the exact inverse
+    /// of [`Self::hf_name`]), None when the family has no such tensor. The
+    /// default is the llama-like table's; a family named otherwise
+    /// overrides it.
+    fn gguf_name(&self, hf: &str) -> Option<(String, Role)> {
+        common::llama_like_gguf_name(hf)
+    }
 
     /// The weights every layer has, by their Hugging Face names after
     /// `model.layers.N.` (the attention biases apart: [`Self::attention_bias`]).

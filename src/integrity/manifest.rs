@@ -451,7 +451,13 @@ pub fn write_manifest(
         } else {
             Role::Fallback
         };
-        let name = basename(p)?;
+        let b = open_single(p, role)?;
+        // A directory (a checkpoint's) is listed under the file it opens
+        // as, the name the check looks for.
+        let name = match p.is_dir() {
+            true => basename(&b.summary().path)?,
+            false => basename(p)?,
+        };
         if names.contains(&name) {
             return Err(err(
                 ErrorKind::BadValue,
@@ -460,7 +466,7 @@ pub fn write_manifest(
             .path(p));
         }
         names.push(name);
-        opened.push(open_single(p, role)?);
+        opened.push(b);
     }
     let sources: Vec<_> = opened.iter().flat_map(|b| b.source_files()).collect();
     let target = OutputTarget::from_sources(out, force, &sources)?;

@@ -5,10 +5,11 @@
 //! `/m.gguf`; `/secret.gguf` answers 403, `/to-file.gguf` redirects to
 //! `file:///etc/passwd`, `/loop-a.gguf` and `/loop-b.gguf` redirect to each
 //! other, `/hop/N.gguf` to `/hop/N+1.gguf` (without end), and anything else
-//! answers 404.
+//! answers 404; objects added with `Server::add_file` are served at `/d/NAME`.
 //! tests/common/fault_proxy.rs puts more faults in front of it.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,6 +38,8 @@ struct Object {
 pub struct Server {
     pub port: u16,
     object: Arc<Mutex<Object>>,
+    /// More objects, served at `/d/NAME` (a directory of several files).
+    files: Arc<Mutex<HashMap<String, Arc<[u8]>>>>,
     pub faults: Arc<Faults>,
     pub requests: Arc<AtomicU64>,
 }
@@ -51,19 +54,26 @@ impl Server {
         }));
         let faults = Arc::new(Faults::default());
         let requests = Arc::new(AtomicU64::new(0));
-        let (o, f, r) = (object.clone(), faults.clone(), requests.clone());
+        let files = Arc::new(Mutex::new(HashMap::new()));
+        let (o, f, r, d) = (
+            object.clone(),
+            faults.clone(),
+            requests.clone(),
+            files.clone(),
+        );
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let (o, f, r) = (o.clone(), f.clone(), r.clone());
+                let (o, f, r, d) = (o.clone(), f.clone(), r.clone(), d.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &o, &f, &r);
+                    let _ = serve(conn, &o, &d, &f, &r);
                 });
             }
         });
         Server {
             port,
             object,
+            files,
             faults,
             requests,
         }
@@ -75,6 +85,11 @@ impl Server {
 
     pub fn addr(&self) -> std::net::SocketAddr {
         ([127, 0, 0, 1], self.port).into()
+    }
+
+    /// Serve `data` at `/d/NAME` too (ETag `"NAME"`).
+    pub fn add_file(&self, name: &str, data: Vec<u8>) {
+        self.files.lock().unwrap().insert(name.into(), data.into());
     }
 
     /// Replace the object (new bytes, new ETag).
@@ -143,6 +158,7 @@ pub fn read_request(r: &mut impl BufRead) -> std::io::Result<Option<Request>> {
 fn serve(
     conn: TcpStream,
     object: &Mutex<Object>,
+    files: &Mutex<HashMap<String, Arc<[u8]>>>,
     faults: &Faults,
     requests: &AtomicU64,
 ) -> std::io::Result<()> {
@@ -162,7 +178,7 @@ fn serve(
             respond(&mut w, "503 Service Unavailable", &[], b"busy")?;
             continue;
         }
-        let (data, etag) = {
+        let (mut data, mut etag) = {
             let o = object.lock().unwrap();
             (o.data.clone(), o.etag.clone())
         };
@@ -173,8 +189,17 @@ fn serve(
             None => (path, None),
         };
         let signature = format!("sig={}", faults.signature.load(Ordering::SeqCst));
+        let file = path
+            .strip_prefix("/d/")
+            .and_then(|n| Some((n, files.lock().unwrap().get(n)?.clone())));
         match path.as_str() {
             "/m.gguf" => {}
+            _ if file.is_some() => {
+                if let Some((name, d)) = file {
+                    etag = format!("\"{name}\"");
+                    data = d;
+                }
+            }
             "/r.gguf" => {
                 respond(
                     &mut w,
