@@ -63,6 +63,16 @@ fn open_err(path: &Path) -> rknot::Error {
 
 // ---------------------------------------------------------- hostile headers
 
+/// What is broken, the file, the error kind, a piece of its message, and
+/// the tensor it must name (if one is at fault).
+type HostileCase = (
+    &'static str,
+    Vec<u8>,
+    ErrorKind,
+    &'static str,
+    Option<&'static str>,
+);
+
 /// Each malformed header is refused with its kind, a message naming what
 /// is wrong, the file, the tensor (where one is at fault) and a byte offset.
 #[test]
@@ -73,7 +83,7 @@ fn hostile_headers_are_refused_naming_file_tensor_and_offset() {
     let ok = t("F32", "[2]", "[0,8]");
     let data8 = [0u8; 8];
     #[rustfmt::skip]
-    let cases: Vec<(&str, Vec<u8>, ErrorKind, &str, Option<&str>)> = vec![
+    let cases: Vec<HostileCase> = vec![
         ("empty file", vec![], ErrorKind::Truncated, "8-byte header length", None),
         ("short prefix", vec![1, 0, 0], ErrorKind::Truncated, "8-byte header length", None),
         ("huge length", {
@@ -128,7 +138,7 @@ fn hostile_headers_are_refused_naming_file_tensor_and_offset() {
             ErrorKind::BadJson, "names \"k\" twice", None),
         ("metadata an array", st_bytes(&format!(r#"{{"__metadata__":[],"a":{{{ok}}}}}"#), &data8),
             ErrorKind::BadJson, "array", None),
-        ("tensor not an object", st_bytes(r#"{"a":[1]}"#, &data8), ErrorKind::BadJson, "not valid JSON", Some("a")),
+        ("tensor not an object", st_bytes(r#"{"a":[1]}"#, &data8), ErrorKind::BadJson, "is an array, not an object", Some("a")),
         ("bad tensor name", st_bytes(&format!(r#"{{"../a":{{{ok}}}}}"#), &data8),
             ErrorKind::BadName, "", None),
     ];

@@ -9,12 +9,12 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::{Dtype, SafeTensor, SafetensorsFile};
 use crate::error::{ErrorKind, Result, err};
-use crate::format::json::{Parse, span_of};
+use crate::format::json::{Expect, Found, Parse, Seed, span_of};
 use crate::format::{MAX_TENSORS, gguf::MAX_HEADER_BYTES, too_many_tensors};
 use crate::source::SourceFile;
 
@@ -91,7 +91,7 @@ pub fn parse(json: &[u8], file_len: u64) -> Result<SafetensorsFile> {
         let base = PREFIX_BYTES + span.start as u64;
         let tp = Parse::default();
         let t = tp
-            .run(TensorSeed { p: &tp }, value, base, "the tensor entry")
+            .run(Seed(TensorSeed { p: &tp }), value, base, "the tensor entry")
             .map_err(|e| e.tensor(&name))?;
         tensors.push(SafeTensor {
             name,
@@ -115,7 +115,13 @@ pub fn parse(json: &[u8], file_len: u64) -> Result<SafetensorsFile> {
 /// one after the other from the data's start to the file's end.
 fn check_layout(tensors: &mut [SafeTensor], data_start: u64, file_len: u64) -> Result<()> {
     tensors.sort_by_key(|t| (t.begin, t.end));
-    let data_len = file_len - data_start;
+    let Some(data_len) = file_len.checked_sub(data_start) else {
+        return Err(err(
+            ErrorKind::Truncated,
+            format!("the header runs past the end of the {file_len}-byte file"),
+        )
+        .at(0));
+    };
     let mut next = 0u64;
     for t in tensors.iter() {
         let fail = |kind, msg: String| Err(err(kind, msg).tensor(&t.name).at(t.header_at));
@@ -236,7 +242,7 @@ impl<'de> Visitor<'de> for Top<'_> {
                 ));
             }
             if key == "__metadata__" {
-                metadata = Some(map.next_value_seed(StringMap { p: self.p })?);
+                metadata = Some(map.next_value_seed(Seed(StringMap { p: self.p }))?);
                 continue;
             }
             if tensors.len() as u64 >= MAX_TENSORS {
@@ -254,22 +260,18 @@ struct StringMap<'a> {
     p: &'a Parse,
 }
 
-impl<'de> DeserializeSeed<'de> for StringMap<'_> {
+impl<'de> Expect<'de> for StringMap<'_> {
     type Value = Vec<(String, String)>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        self.p.fail(
+            ErrorKind::BadJson,
+            format!("__metadata__ is {}, not a map of strings", found.kind()),
+        )
     }
-}
-
-impl<'de> Visitor<'de> for StringMap<'_> {
-    type Value = Vec<(String, String)>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a map of strings")
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+    fn on_null<E: de::Error>(self) -> Result<Self::Value, E> {
         Ok(Vec::new())
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+    fn on_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut out: Vec<(String, String)> = Vec::new();
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
@@ -279,8 +281,7 @@ impl<'de> Visitor<'de> for StringMap<'_> {
                     format!("__metadata__ names {key:?} twice"),
                 ));
             }
-            let v = map.next_value::<serde_json::Value>()?;
-            let serde_json::Value::String(v) = v else {
+            let serde_json::Value::String(v) = map.next_value::<serde_json::Value>()? else {
                 return Err(self.p.fail(
                     ErrorKind::BadJson,
                     format!(
@@ -292,42 +293,6 @@ impl<'de> Visitor<'de> for StringMap<'_> {
         }
         Ok(out)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Self::Value, A::Error> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            "__metadata__ is an array, not a map of strings",
-        ))
-    }
-    fn visit_str<E: de::Error>(self, _v: &str) -> Result<Self::Value, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            "__metadata__ is a string, not a map of strings",
-        ))
-    }
-    fn visit_u64<E: de::Error>(self, _v: u64) -> Result<Self::Value, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            "__metadata__ is a number, not a map of strings",
-        ))
-    }
-    fn visit_i64<E: de::Error>(self, _v: i64) -> Result<Self::Value, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            "__metadata__ is a number, not a map of strings",
-        ))
-    }
-    fn visit_f64<E: de::Error>(self, _v: f64) -> Result<Self::Value, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            "__metadata__ is a number, not a map of strings",
-        ))
-    }
-    fn visit_bool<E: de::Error>(self, _v: bool) -> Result<Self::Value, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            "__metadata__ is a bool, not a map of strings",
-        ))
-    }
 }
 
 /// One tensor entry: exactly `dtype`, `shape` and `data_offsets`, once each.
@@ -337,19 +302,15 @@ struct TensorSeed<'a> {
 
 type TensorValue = (Dtype, Vec<u64>, u64, u64);
 
-impl<'de> DeserializeSeed<'de> for TensorSeed<'_> {
+impl<'de> Expect<'de> for TensorSeed<'_> {
     type Value = TensorValue;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<TensorValue, D::Error> {
-        d.deserialize_any(self)
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        self.p.fail(
+            ErrorKind::BadJson,
+            format!("the tensor entry is {}, not an object", found.kind()),
+        )
     }
-}
-
-impl<'de> Visitor<'de> for TensorSeed<'_> {
-    type Value = TensorValue;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a tensor entry (an object)")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TensorValue, A::Error> {
+    fn on_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TensorValue, A::Error> {
         let p = self.p;
         let (mut dtype, mut shape, mut offsets) = (None, None, None);
         while let Some(key) = map.next_key::<String>()? {
@@ -364,8 +325,8 @@ impl<'de> Visitor<'de> for TensorSeed<'_> {
                     if dtype.is_some() {
                         return Err(twice());
                     }
-                    let s = map.next_value::<serde_json::Value>()?;
-                    let serde_json::Value::String(s) = s else {
+                    let serde_json::Value::String(s) = map.next_value::<serde_json::Value>()?
+                    else {
                         return Err(p.fail(ErrorKind::BadJson, "\"dtype\" is not a string"));
                     };
                     let d = Dtype::from_name(&s).ok_or_else(|| {
@@ -383,21 +344,21 @@ impl<'de> Visitor<'de> for TensorSeed<'_> {
                     if shape.is_some() {
                         return Err(twice());
                     }
-                    shape = Some(map.next_value_seed(U64List {
+                    shape = Some(map.next_value_seed(Seed(U64List {
                         p,
                         what: "shape",
                         max: MAX_RANK,
-                    })?);
+                    }))?);
                 }
                 "data_offsets" => {
                     if offsets.is_some() {
                         return Err(twice());
                     }
-                    let v = map.next_value_seed(U64List {
+                    let v = map.next_value_seed(Seed(U64List {
                         p,
                         what: "data_offsets",
                         max: 2,
-                    })?;
+                    }))?;
                     let [b, e] = v[..] else {
                         return Err(p.fail(
                             ErrorKind::BadJson,
@@ -407,7 +368,6 @@ impl<'de> Visitor<'de> for TensorSeed<'_> {
                     offsets = Some((b, e));
                 }
                 _ => {
-                    let _ = map.next_value::<IgnoredAny>()?;
                     return Err(p.fail(
                         ErrorKind::BadJson,
                         format!(
@@ -436,19 +396,15 @@ struct U64List<'a> {
     max: usize,
 }
 
-impl<'de> DeserializeSeed<'de> for U64List<'_> {
+impl<'de> Expect<'de> for U64List<'_> {
     type Value = Vec<u64>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<u64>, D::Error> {
-        d.deserialize_any(self)
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        self.p.fail(
+            ErrorKind::BadJson,
+            format!("{:?} is {}, not a list", self.what, found.kind()),
+        )
     }
-}
-
-impl<'de> Visitor<'de> for U64List<'_> {
-    type Value = Vec<u64>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "{} (a list of integers)", self.what)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+    fn on_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
         let mut out = Vec::new();
         while let Some(v) = seq.next_element::<serde_json::Value>()? {
             if out.len() >= self.max {
@@ -466,47 +422,5 @@ impl<'de> Visitor<'de> for U64List<'_> {
             out.push(n);
         }
         Ok(out)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<Vec<u64>, A::Error> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            format!("{:?} is an object, not a list", self.what),
-        ))
-    }
-    fn visit_str<E: de::Error>(self, _v: &str) -> Result<Vec<u64>, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            format!("{:?} is a string, not a list", self.what),
-        ))
-    }
-    fn visit_u64<E: de::Error>(self, _v: u64) -> Result<Vec<u64>, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            format!("{:?} is a number, not a list", self.what),
-        ))
-    }
-    fn visit_i64<E: de::Error>(self, _v: i64) -> Result<Vec<u64>, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            format!("{:?} is a number, not a list", self.what),
-        ))
-    }
-    fn visit_f64<E: de::Error>(self, _v: f64) -> Result<Vec<u64>, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            format!("{:?} is a number, not a list", self.what),
-        ))
-    }
-    fn visit_bool<E: de::Error>(self, _v: bool) -> Result<Vec<u64>, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            format!("{:?} is a bool, not a list", self.what),
-        ))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Vec<u64>, E> {
-        Err(self.p.fail(
-            ErrorKind::BadJson,
-            format!("{:?} is null, not a list", self.what),
-        ))
     }
 }

@@ -7,10 +7,10 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::error::{ErrorKind, Result, err};
-use crate::format::json::Parse;
+use crate::format::json::{Expect, Found, Parse, Seed};
 use crate::format::{MAX_TENSORS, gguf::MAX_HEADER_BYTES, too_many_tensors};
 use crate::source::SourceFile;
 
@@ -114,7 +114,7 @@ impl<'de> Visitor<'de> for Top<'_> {
                     .fail(ErrorKind::BadJson, format!("the index names {key:?} twice")));
             }
             if key == "weight_map" {
-                weight_map = Some(map.next_value_seed(Weights { p: self.p })?);
+                weight_map = Some(map.next_value_seed(Seed(Weights { p: self.p }))?);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -127,19 +127,18 @@ struct Weights<'a> {
     p: &'a Parse,
 }
 
-impl<'de> DeserializeSeed<'de> for Weights<'_> {
+impl<'de> Expect<'de> for Weights<'_> {
     type Value = WeightMap;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<WeightMap, D::Error> {
-        d.deserialize_map(self)
+    fn wrong<E: de::Error>(self, found: Found) -> E {
+        self.p.fail(
+            ErrorKind::BadJson,
+            format!(
+                "\"weight_map\" is {}, not an object of tensor names to shard file names",
+                found.kind()
+            ),
+        )
     }
-}
-
-impl<'de> Visitor<'de> for Weights<'_> {
-    type Value = WeightMap;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("\"weight_map\": an object of tensor names to shard file names")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap, A::Error> {
+    fn on_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WeightMap, A::Error> {
         let mut seen = HashSet::new();
         let mut out = Vec::new();
         while let Some(name) = map.next_key::<String>()? {
