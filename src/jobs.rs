@@ -41,7 +41,6 @@ use crate::encode::Progress;
 use crate::encode::output::OutputTarget;
 use crate::encode::rknot::{Profile, RknotOptions};
 use crate::encode::sk32::Sk32Options;
-use crate::format::FileFormat;
 use crate::text::Escaped;
 
 /// Jobs waiting to run, at most: a submit beyond this fails. Encodings take
@@ -444,7 +443,7 @@ impl JobManager {
                 if matches!(encoding.0, Encoding::Knot)
                     && !dense
                         .as_dense()
-                        .is_some_and(|d| d.summary().format == FileFormat::Gguf)
+                        .is_some_and(|d| d.summary().format.is_repackable())
                 {
                     return Err("encode knot needs a GGUF dense source".into());
                 }

@@ -561,7 +561,7 @@ pub fn verify(encoded: &Path, dense: Option<&Path>, mode: Mode) -> Result<Report
         ParsedFile::Rknot(src, _) | ParsedFile::Sk32(src, _) => (src.len(), true),
         ParsedFile::DenseKnot(src, _) => (src.len(), false),
         // No checksums, nothing stored but ggml blocks.
-        ParsedFile::Gguf(..) | ParsedFile::GgufSplit(..) => (0, false),
+        ParsedFile::Gguf(..) | ParsedFile::GgufSplit(..) | ParsedFile::Safetensors(..) => (0, false),
     };
     let scan_weight = file_len.saturating_mul(SCAN_WEIGHT);
     let struct_weight = if structured { scan_weight } else { 0 };
@@ -611,7 +611,10 @@ pub fn verify(encoded: &Path, dense: Option<&Path>, mode: Mode) -> Result<Report
     match &parsed {
         ParsedFile::Rknot(src, f) => check_rknot(src, f, &mut faults),
         ParsedFile::Sk32(src, f) => check_sketches(src, f, &mut faults),
-        ParsedFile::DenseKnot(..) | ParsedFile::Gguf(..) | ParsedFile::GgufSplit(..) => {}
+        ParsedFile::DenseKnot(..)
+        | ParsedFile::Gguf(..)
+        | ParsedFile::GgufSplit(..)
+        | ParsedFile::Safetensors(..) => {}
     }
     meter.set_position(scan_weight.saturating_add(struct_weight));
     let enc = match parsed.into_backend(Role::Primary) {

@@ -1,7 +1,7 @@
 //! Bounded-time mutation fuzzing of every reader, on stable Rust.
 //!
-//! One test per reader (SK32, dense .knot, .rknot, GGUF, and SK32 + GGUF
-//! layered). Each starts from small valid files written by the crate's
+//! One test per reader (SK32, dense .knot, .rknot, GGUF, safetensors, and
+//! SK32 + GGUF layered). Each starts from small valid files written by the crate's
 //! writers (`tests/common/malformed_corpus.rs`), mutates a copy (bit flips,
 //! interesting bytes and integer fields, truncation, junk, duplicated or
 //! deleted ranges; for the JSON-headed formats also structured edits of the
@@ -299,6 +299,56 @@ fn fuzz_rknot() {
 #[test]
 fn fuzz_gguf() {
     fuzz("gguf", &["gguf"], single(corpus::gguf_seeds()));
+}
+
+/// Small valid safetensors files: every decoded dtype, an integer tensor,
+/// metadata, a scalar, a zero-sized tensor; a 2-D F32 tensor under a name a
+/// known family would map (no config.json beside it: HF names).
+fn safetensors_seeds() -> Vec<Vec<u8>> {
+    let file = |tensors: &[(&str, &str, &[u64], usize)]| {
+        let mut header = serde_json::Map::new();
+        header.insert("__metadata__".into(), json!({"format": "pt"}));
+        let mut data = Vec::new();
+        for (i, (name, dtype, shape, bytes)) in tensors.iter().enumerate() {
+            let begin = data.len();
+            data.extend((0..*bytes).map(|k| (k * 37 + i * 11) as u8 & 0x3f));
+            header.insert(
+                (*name).into(),
+                json!({"dtype": dtype, "shape": shape, "data_offsets": [begin, data.len()]}),
+            );
+        }
+        let text = Value::Object(header).to_string();
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(text.as_bytes());
+        out.extend(data);
+        out
+    };
+    vec![
+        file(&[
+            (
+                "model.layers.0.self_attn.q_proj.weight",
+                "F32",
+                &[4, 8],
+                128,
+            ),
+            ("a.bf16", "BF16", &[16], 32),
+            ("a.f16", "F16", &[2, 3], 12),
+            ("a.f64", "F64", &[3], 24),
+            ("a.e4m3", "F8_E4M3", &[5, 2], 10),
+            ("a.e5m2", "F8_E5M2", &[7], 7),
+        ]),
+        file(&[
+            ("ids", "I64", &[3], 24),
+            ("s", "F32", &[], 4),
+            ("empty", "F32", &[0, 4], 0),
+            ("w", "F16", &[1, 1, 2, 2], 8),
+        ]),
+    ]
+}
+
+#[test]
+fn fuzz_safetensors() {
+    fuzz("safetensors", &["safetensors"], single(safetensors_seeds()));
 }
 
 #[test]

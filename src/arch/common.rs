@@ -62,6 +62,38 @@ pub fn llama_like_hf_name(gguf: &str) -> Option<(String, Role)> {
     Some((format!("model.layers.{layer}.{hf}.{kind}"), role))
 }
 
+/// The GGUF name and role of a llama-like model's Hugging Face tensor: the
+/// exact inverse of [`llama_like_hf_name`] (what llama.cpp's
+/// convert_hf_to_gguf.py names it).
+pub fn llama_like_gguf_name(hf: &str) -> Option<(String, Role)> {
+    match hf {
+        "model.embed_tokens.weight" => return Some(("token_embd.weight".into(), Role::Embedding)),
+        "model.norm.weight" => return Some(("output_norm.weight".into(), Role::OutputNorm)),
+        "lm_head.weight" => return Some(("output.weight".into(), Role::Output)),
+        _ => {}
+    }
+    let rest = hf.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (what, kind) = rest.rsplit_once('.')?;
+    let gguf = match what {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        _ => return None,
+    };
+    let name = format!("blk.{layer}.{gguf}.{kind}");
+    // The forward map decides what is a name (canonical layer numbers,
+    // which tensors have a bias): only its images are inverted.
+    let (back, role) = llama_like_hf_name(&name)?;
+    (back == hf).then_some((name, role))
+}
+
 /// The weights every layer of a llama-like model has, by their Hugging
 /// Face names after `model.layers.N.`.
 pub const LLAMA_LIKE_LAYER_WEIGHTS: &[&str] = &[
@@ -205,6 +237,48 @@ mod tests {
             "blk.0.attn_qkv.weight",
         ] {
             assert_eq!(n(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn hugging_face_names_map_back_to_gguf_names_exactly() {
+        let mut names = vec![
+            "token_embd.weight".to_string(),
+            "output_norm.weight".into(),
+            "output.weight".into(),
+        ];
+        for what in [
+            "attn_norm",
+            "ffn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ] {
+            for kind in ["weight", "bias"] {
+                names.push(format!("blk.17.{what}.{kind}"));
+            }
+        }
+        let mut mapped = 0;
+        for g in &names {
+            if let Some((hf, role)) = llama_like_hf_name(g) {
+                assert_eq!(llama_like_gguf_name(&hf), Some((g.clone(), role)), "{g}");
+                mapped += 1;
+            }
+        }
+        assert_eq!(mapped, 3 + 9 + 7);
+        for bad in [
+            "model.layers.01.self_attn.q_proj.weight",
+            "model.layers.x.self_attn.q_proj.weight",
+            "model.layers.0.input_layernorm.bias",
+            "model.layers.0.self_attn.rotary_emb.inv_freq",
+            "model.layers.0.self_attn.q_proj.weight.extra",
+            "embed_tokens.weight",
+        ] {
+            assert_eq!(llama_like_gguf_name(bad), None, "{bad}");
         }
     }
 

@@ -117,6 +117,14 @@ pub trait Architecture: Debug + Send + Sync {
     /// family has no such tensor.
     fn hf_name(&self, gguf: &str) -> Option<(String, Role)>;
 
+    /// The GGUF name and role of a Hugging Face tensor (the exact inverse
+    /// of [`Self::hf_name`]), None when the family has no such tensor. The
+    /// default is the llama-like table's; a family named otherwise
+    /// overrides it.
+    fn gguf_name(&self, hf: &str) -> Option<(String, Role)> {
+        common::llama_like_gguf_name(hf)
+    }
+
     /// The weights every layer has, by their Hugging Face names after
     /// `model.layers.N.` (the attention biases apart: [`Self::attention_bias`]).
     fn hf_layer_weights(&self) -> &'static [&'static str];

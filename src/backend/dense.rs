@@ -25,6 +25,50 @@ struct Extent {
     offset: u64,
     /// The file's CRC-32s of the tensor's bytes, verified on every read.
     sums: Option<ChunkSums>,
+    /// The served rows in another order than the stored ones.
+    rows: Option<RowGroups>,
+}
+
+/// A row order within groups of rows, served as llama.cpp's
+/// convert_hf_to_gguf.py (`LlamaModel.permute`) writes llama's Q and K
+/// projections from a Hugging Face checkpoint: rows come in `groups`
+/// groups (heads) of `group_rows` (even) rows of `row_elems` elements;
+/// within a group, served row `2 * i + j` is stored row
+/// `j * group_rows / 2 + i` (j in 0..2), interleaving each head's two
+/// rotary halves. The inverse of what `hf/` undoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowGroups {
+    pub groups: u64,
+    pub group_rows: u64,
+    pub row_elems: u64,
+}
+
+impl RowGroups {
+    /// The stored row behind served row `r`.
+    pub fn src_row(&self, r: u64) -> u64 {
+        let g = self.group_rows.max(2);
+        let (head, k) = (r / g, r % g);
+        head * g + (k % 2) * (g / 2) + k / 2
+    }
+
+    /// Split served elements `[first, first + n)` into runs within one
+    /// row: (served offset from `first`, stored first element, length).
+    fn runs(&self, first: u64, n: u64) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        let re = self.row_elems.max(1);
+        let end = first + n;
+        let mut pos = first;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let row = pos / re;
+            let run_end = ((row + 1) * re).min(end);
+            let stored = self.src_row(row) * re + (pos - row * re);
+            let out = (pos - first, stored, run_end - pos);
+            pos = run_end;
+            Some(out)
+        })
+    }
 }
 
 pub struct DenseBackend {
@@ -155,6 +199,7 @@ impl DenseBackend {
                 ty: t.ty,
                 offset: t.offset,
                 sums: t.sums,
+                rows: None,
             });
         }
         Ok(DenseBackend {
@@ -167,6 +212,46 @@ impl DenseBackend {
 }
 
 impl DenseBackend {
+    /// Serve tensor `index`'s rows in the order `rows` gives (a reader
+    /// that maps Hugging Face names to GGUF ones sets this on llama's Q and
+    /// K). The groups must tile the tensor's rows, each row a whole number
+    /// of blocks.
+    pub(crate) fn set_row_groups(&mut self, index: usize, rows: RowGroups) -> Result<()> {
+        let (Some(info), Some(ext)) = (self.table.info(index), self.extents.get_mut(index)) else {
+            return Err(super::no_such_index(index));
+        };
+        let n_rows = rows.groups.checked_mul(rows.group_rows);
+        let fits = rows.group_rows >= 2
+            && rows.group_rows.is_multiple_of(2)
+            && rows.row_elems > 0
+            && rows.row_elems.is_multiple_of(ext.ty.block_elems())
+            && n_rows.and_then(|r| r.checked_mul(rows.row_elems)) == Some(info.n_elements);
+        if !fits {
+            return Err(err(
+                ErrorKind::BadShape,
+                format!(
+                    "{} groups of {} rows of {} elements do not tile the tensor's {} elements                      (shape {:?})",
+                    rows.groups, rows.group_rows, rows.row_elems, info.n_elements, info.shape
+                ),
+            )
+            .tensor(&info.name.dot)
+            .path(&self.summary.path));
+        }
+        ext.rows = Some(rows);
+        Ok(())
+    }
+
+    /// List tensor `index` as unavailable, for `why` (a reader whose
+    /// element type is no weight: an integer tensor of a checkpoint).
+    pub(crate) fn set_unavailable(&mut self, index: usize, why: String) -> Result<()> {
+        let info = self
+            .table
+            .info_mut(index)
+            .ok_or_else(|| super::no_such_index(index))?;
+        info.availability = Availability::Unavailable(why);
+        Ok(())
+    }
+
     /// The file an extent lies in (checked at build; an error, not a
     /// panic, should that ever change).
     fn file_of(&self, ext: &Extent) -> Result<&SourceFile> {
@@ -203,14 +288,24 @@ impl DenseBackend {
             .tensor(&info.name.dot));
         }
         // Inside the tensor's byte range, validated against the file at open.
-        read_stored_bytes(
-            self.file_of(ext)?,
-            ext.offset,
-            ext.sums.as_ref(),
-            offset,
-            buf,
-            &info.name.dot,
-        )
+        let src = self.file_of(ext)?;
+        let read = |rel, buf: &mut [u8]| {
+            read_stored_bytes(src, ext.offset, ext.sums.as_ref(), rel, buf, &info.name.dot)
+        };
+        let Some(rows) = ext.rows else {
+            return read(offset, buf);
+        };
+        // Rows are whole blocks (checked when they were set): the same
+        // runs over bytes as over elements.
+        let row_bytes = rows.row_elems / ext.ty.block_elems() * ext.ty.block_bytes();
+        let bytes = RowGroups {
+            row_elems: row_bytes,
+            ..rows
+        };
+        for (at, stored, len) in bytes.runs(offset, buf.len() as u64) {
+            read(stored, &mut buf[at as usize..(at + len) as usize])?;
+        }
+        Ok(())
     }
 }
 
@@ -350,13 +445,16 @@ impl Backend for DenseBackend {
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
-        read_ggml_f32(
-            self.file_of(ext)?,
-            info,
-            (ext.ty, ext.offset, ext.sums.as_ref()),
-            first_elem,
-            out,
-        )
+        let src = self.file_of(ext)?;
+        let stored = (ext.ty, ext.offset, ext.sums.as_ref());
+        let Some(rows) = ext.rows else {
+            return read_ggml_f32(src, info, stored, first_elem, out);
+        };
+        for (at, from, len) in rows.runs(first_elem, out.len() as u64) {
+            let part = &mut out[at as usize..(at + len) as usize];
+            read_ggml_f32(src, info, stored, from, part)?;
+        }
+        Ok(())
     }
 }
 
@@ -414,6 +512,98 @@ mod tests {
             .err()
             .expect("a tensor in a file the set lacks is refused");
         assert!(e.to_string().contains("file 1 of a set of 1"), "{e}");
+    }
+
+    /// Row groups serve each group's rows interleaved as llama.cpp's
+    /// converter writes them (`w.reshape(g, 2, rows / g / 2, cols)
+    /// .swapaxes(1, 2)`), in reads of any range, f32 and raw bytes alike;
+    /// groups that do not tile the tensor are refused.
+    #[test]
+    fn row_groups_serve_rows_in_the_converters_order() {
+        let (groups, group_rows, cols) = (2u64, 4u64, 3u64);
+        let rows = groups * group_rows;
+        let stored: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.bin");
+        std::fs::write(
+            &path,
+            stored
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        let summary = SourceSummary {
+            checked: false,
+            format: FileFormat::Gguf,
+            version: 3,
+            path: path.clone(),
+            notes: Vec::new(),
+            metadata: Metadata::default(),
+        };
+        let t = StoredTensor {
+            file: 0,
+            name: "blk.0.attn_q.weight",
+            shape: vec![rows, cols],
+            n_elements: rows * cols,
+            ty: GgmlType::F32,
+            bytes: rows * cols * 4,
+            offset: 0,
+            sums: None,
+        };
+        let files = vec![SourceFile::open(&path).unwrap()];
+        let mut b = DenseBackend::build(files, summary, Role::Primary, [t].into_iter()).unwrap();
+        let bad = RowGroups {
+            groups: 3,
+            group_rows: 4,
+            row_elems: cols,
+        };
+        assert_eq!(
+            b.set_row_groups(0, bad).unwrap_err().kind(),
+            ErrorKind::BadShape
+        );
+        let odd = RowGroups {
+            groups: 4,
+            group_rows: 2,
+            row_elems: cols,
+        };
+        b.set_row_groups(
+            0,
+            RowGroups {
+                groups,
+                group_rows,
+                ..odd
+            },
+        )
+        .unwrap();
+        // The converter's permutation, written out: head h, half j, row i.
+        let mut want = Vec::new();
+        for h in 0..groups {
+            for i in 0..group_rows / 2 {
+                for j in 0..2 {
+                    let src = h * group_rows + j * group_rows / 2 + i;
+                    want.extend((0..cols).map(|c| (src * cols + c) as f32));
+                }
+            }
+        }
+        let mut all = vec![0f32; want.len()];
+        b.read_f32(0, 0, &mut all).unwrap();
+        assert_eq!(all, want);
+        for first in 0..want.len() {
+            for n in [1, 2, 4, 7] {
+                let n = n.min(want.len() - first);
+                let mut out = vec![0f32; n];
+                b.read_f32(0, first as u64, &mut out).unwrap();
+                assert_eq!(out, want[first..first + n], "[{first}, +{n})");
+                let mut raw = vec![0u8; n * 4];
+                b.read_stored(0, first as u64 * 4, &mut raw).unwrap();
+                let bytes: Vec<u8> = want[first..first + n]
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect();
+                assert_eq!(raw, bytes);
+            }
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ mod dense;
 mod layered;
 mod open;
 mod rknot;
+mod safetensors;
 mod scratch;
 mod sketch;
 
@@ -166,6 +167,11 @@ impl TensorTable {
 
     pub fn info(&self, index: usize) -> Option<&TensorInfo> {
         self.entries.get(index)
+    }
+
+    /// An entry to amend after it was pushed (its names stay).
+    pub(crate) fn info_mut(&mut self, index: usize) -> Option<&mut TensorInfo> {
+        self.entries.get_mut(index)
     }
 }
 

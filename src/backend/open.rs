@@ -11,6 +11,7 @@ use crate::format::gguf::split::GgufSplit;
 use crate::format::gguf::{self, GgufFile};
 use crate::format::knot::DenseKnotFile;
 use crate::format::rknot::RknotFile;
+use crate::format::safetensors::{self, Checkpoint, checkpoint};
 use crate::format::sk32::Sk32File;
 use crate::source::SourceFile;
 
@@ -23,6 +24,8 @@ pub enum ParsedFile {
     Gguf(SourceFile, GgufFile),
     /// A split GGUF set, every shard read and checked: one model.
     GgufSplit(GgufSplit),
+    /// A Hugging Face checkpoint: its shards, index and description files.
+    Safetensors(Box<Checkpoint>),
 }
 
 /// A reader of one kind of file, as opening sees it: how its first bytes
@@ -70,6 +73,25 @@ pub const READERS: &[Reader] = &[
             Ok(ParsedFile::Gguf(src, g))
         },
     },
+    // Magic-less, so after every reader with a magic.
+    Reader {
+        name: "safetensors index",
+        detect: safetensors::is_index,
+        parse: |src| {
+            Ok(ParsedFile::Safetensors(Box::new(checkpoint::open_index(
+                src,
+            )?)))
+        },
+    },
+    Reader {
+        name: "safetensors",
+        detect: safetensors::is_safetensors,
+        parse: |src| {
+            Ok(ParsedFile::Safetensors(Box::new(checkpoint::open_single(
+                src,
+            )?)))
+        },
+    },
 ];
 
 /// A reader of a local directory that holds one model's files (a split
@@ -87,10 +109,16 @@ pub struct DirReader {
 
 /// Every directory reader; a directory two of them claim is refused
 /// (the user names the file).
-pub const DIR_READERS: &[DirReader] = &[DirReader {
-    name: "a GGUF file or split GGUF set",
-    member: gguf::split::dir_member,
-}];
+pub const DIR_READERS: &[DirReader] = &[
+    DirReader {
+        name: "a GGUF file or split GGUF set",
+        member: gguf::split::dir_member,
+    },
+    DirReader {
+        name: "a Hugging Face safetensors checkpoint",
+        member: checkpoint::dir_member,
+    },
+];
 
 /// The path to open for `path`: itself, or for a local directory the
 /// member one [`DirReader`] names. A directory no reader claims is left
@@ -181,6 +209,7 @@ impl ParsedFile {
             ParsedFile::DenseKnot(src, f) => Box::new(DenseBackend::from_knot(src, f, role)?),
             ParsedFile::Gguf(src, g) => Box::new(DenseBackend::from_gguf(src, g, role)?),
             ParsedFile::GgufSplit(set) => Box::new(DenseBackend::from_gguf_split(set, role)?),
+            ParsedFile::Safetensors(c) => Box::new(super::safetensors::from_checkpoint(*c, role)?),
         };
         super::declare_extents(backend.as_ref());
         Ok(backend)

@@ -6,7 +6,6 @@
 use crate::backend::{Backend, StoredType};
 use crate::encode::Progress;
 use crate::error::{ErrorKind, Result, err};
-use crate::format::FileFormat;
 use crate::format::knot::write_knot_with;
 use crate::output::{AtomicOutput, OutputTarget};
 use crate::quant::GgmlType;
@@ -20,7 +19,7 @@ pub fn encode_knot(gguf: &dyn Backend, out: &OutputTarget, progress: &Progress) 
     let path = &gguf.summary().path;
     let dense = gguf
         .as_dense()
-        .filter(|d| d.summary().format == FileFormat::Gguf)
+        .filter(|d| d.summary().format.is_repackable())
         .ok_or_else(|| {
             err(
                 ErrorKind::BadValue,

@@ -18,6 +18,7 @@ pub mod json;
 pub mod knot;
 pub mod meta;
 pub mod rknot;
+pub mod safetensors;
 pub mod sk32;
 
 /// Most tensors a file may hold, in every format (GGUF `tensor_count`,
@@ -39,7 +40,7 @@ pub fn too_many_tensors(what: &str) -> Error {
     )
 }
 
-/// The four kinds of file we read.
+/// The kinds of file we read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileFormat {
     /// `RKNOT\x02` or `RKNOT\x03`: spectral-residual blocks.
@@ -50,6 +51,9 @@ pub enum FileFormat {
     DenseKnot,
     /// `GGUF` v2/v3.
     Gguf,
+    /// A Hugging Face safetensors checkpoint (one file, or an index and
+    /// its shards).
+    Safetensors,
 }
 
 impl FileFormat {
@@ -59,7 +63,13 @@ impl FileFormat {
             FileFormat::Sk32 => "sk32",
             FileFormat::DenseKnot => "knot",
             FileFormat::Gguf => "gguf",
+            FileFormat::Safetensors => "safetensors",
         }
+    }
+
+    /// Dense files of plain blocks `encode knot` repacks verbatim.
+    pub fn is_repackable(self) -> bool {
+        matches!(self, FileFormat::Gguf | FileFormat::Safetensors)
     }
 
     /// Lossy, compressed primaries (served through the layered backend).
@@ -107,7 +117,8 @@ pub fn bad_magic(path: &Path, found: &[u8]) -> Error {
         ErrorKind::BadMagic,
         format!(
             "bad magic: found {found:?} (\"{shown}\"); expected RKNOT\\x03 or RKNOT\\x02 (.rknot), \
-             KNOT (SK32 sketch or dense .knot) or GGUF"
+             KNOT (SK32 sketch or dense .knot), GGUF, or a safetensors header (an \
+             8-byte length, then '{{')"
         ),
     )
     .path(path)

@@ -82,7 +82,7 @@ pub fn scan(parsed: &ParsedFile, progress: &mut dyn FnMut(u64, u64)) -> ScanRepo
             );
             src
         }
-        ParsedFile::Gguf(..) | ParsedFile::GgufSplit(..) => return r,
+        ParsedFile::Gguf(..) | ParsedFile::GgufSplit(..) | ParsedFile::Safetensors(..) => return r,
     };
     plan.retain(|(_, units)| !units.is_empty());
     // Named as the read path names them: the dot spelling.

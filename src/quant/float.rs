@@ -1,4 +1,4 @@
-//! Plain float element types (f32, f16, bf16) and the byte-layout helpers
+//! Plain float element types (f64, f32, f16, bf16) and the byte-layout helpers
 //! shared by the block parsers.
 //!
 //! The f16 conversion follows numpy's `astype(np.float32)`, which is what
@@ -99,8 +99,17 @@ pub(super) fn bf16_le(src: &[u8], out: &mut [f32]) {
     }
 }
 
+/// f64 rounded to the nearest f32 (ties to even), as numpy's
+/// `astype(np.float32)` and torch's `.float()` do.
+pub(super) fn f64_le(src: &[u8], out: &mut [f32]) {
+    for (b, y) in src.as_chunks::<8>().0.iter().zip(out.iter_mut()) {
+        *y = f64::from_le_bytes(*b) as f32;
+    }
+}
+
 /// The kernels of this family (registered in [`super::FAMILIES`]).
 pub(super) const KERNELS: Kernels = &[
+    (GgmlType::F64, f64_le),
     (GgmlType::F32, f32_le),
     (GgmlType::F16, f16_le),
     (GgmlType::Bf16, bf16_le),

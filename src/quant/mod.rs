@@ -10,6 +10,7 @@
 //! finds it through `FAMILIES`, so a new family is a new module and a line
 //! there.
 
+mod f8;
 mod float;
 mod kquants;
 mod legacy;
@@ -56,6 +57,11 @@ pub enum GgmlType {
     Mxfp4,
     Nvfp4,
     Q1_0,
+    /// safetensors' `F8_E4M3` (no infinities, one NaN per sign): not a
+    /// ggml type (see [`NON_GGML`]).
+    F8E4M3,
+    /// safetensors' `F8_E5M2` (the high byte of an f16): not a ggml type.
+    F8E5M2,
 }
 
 /// (type, ggml id, lower-case name, elements per block, bytes per block)
@@ -96,6 +102,19 @@ const TYPES: &[(GgmlType, u32, &str, u64, u64)] = &[
     (GgmlType::Q1_0, 41, "q1_0", 128, 18),
 ];
 
+/// Element types of other formats that are not ggml types (name, elements
+/// and bytes per block): they have no ggml id, so no GGUF reader accepts
+/// one ([`GgmlType::from_id`] never yields them), and [`GgmlType::bytes_for`]
+/// refuses them, so no GGUF or dense .knot writer sizes (and writes) one.
+const NON_GGML: &[(GgmlType, &str, u64, u64)] = &[
+    (GgmlType::F8E4M3, "f8_e4m3", 1, 1),
+    (GgmlType::F8E5M2, "f8_e5m2", 1, 1),
+];
+
+/// Types decoded beyond [`DECODABLE`], which dense .knot does not declare:
+/// ggml's F64, and the safetensors-only 8-bit floats.
+pub const OTHER_DECODABLE: &[GgmlType] = &[GgmlType::F64, GgmlType::F8E4M3, GgmlType::F8E5M2];
+
 /// The types this crate decodes (and that dense .knot may declare).
 pub const DECODABLE: &[GgmlType] = &[
     GgmlType::F32,
@@ -115,21 +134,40 @@ pub const DECODABLE: &[GgmlType] = &[
 
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, &'static str, u64, u64) {
-        // Every variant has exactly one row in TYPES (checked by a test).
+        // Every ggml variant has exactly one row in TYPES (checked by a test).
         TYPES.iter().find(|r| r.0 == self).unwrap_or(&TYPES[0])
+    }
+
+    /// The row of a type that is not a ggml type.
+    fn non_ggml(self) -> Option<&'static (GgmlType, &'static str, u64, u64)> {
+        NON_GGML.iter().find(|r| r.0 == self)
+    }
+
+    /// Whether this is one of ggml's types (it has a ggml id).
+    pub fn is_ggml(self) -> bool {
+        self.non_ggml().is_none()
     }
 
     pub fn from_id(id: u32) -> Option<Self> {
         TYPES.iter().find(|r| r.1 == id).map(|r| r.0)
     }
 
+    /// The ggml id; `u32::MAX` (which no reader accepts) for a type that is
+    /// not a ggml type, which never reaches a writer: [`Self::bytes_for`]
+    /// refuses it first.
     pub fn id(self) -> u32 {
-        self.row().1
+        match self.non_ggml() {
+            Some(_) => u32::MAX,
+            None => self.row().1,
+        }
     }
 
     /// Lower-case name as used in dense .knot (`q4_k`, `bf16`, ...).
     pub fn name(self) -> &'static str {
-        self.row().2
+        match self.non_ggml() {
+            Some(r) => r.1,
+            None => self.row().2,
+        }
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
@@ -139,21 +177,38 @@ impl GgmlType {
 
     /// Elements per block.
     pub fn block_elems(self) -> u64 {
-        self.row().3
+        match self.non_ggml() {
+            Some(r) => r.2,
+            None => self.row().3,
+        }
     }
 
     /// Bytes per block.
     pub fn block_bytes(self) -> u64 {
-        self.row().4
+        match self.non_ggml() {
+            Some(r) => r.3,
+            None => self.row().4,
+        }
     }
 
     pub fn is_decodable(self) -> bool {
-        DECODABLE.contains(&self)
+        DECODABLE.contains(&self) || OTHER_DECODABLE.contains(&self)
     }
 
-    /// Stored bytes for `n` elements; `None` if `n` is not a whole number of
-    /// blocks or the size overflows.
+    /// Stored bytes for `n` elements in a ggml file (GGUF, dense .knot,
+    /// .rknot); `None` if `n` is not a whole number of blocks, the size
+    /// overflows, or the type is not a ggml type (no such file holds one).
     pub fn bytes_for(self, n: u64) -> Option<u64> {
+        if !self.is_ggml() {
+            return None;
+        }
+        self.elem_bytes_for(n)
+    }
+
+    /// Stored bytes for `n` elements of this element type in any format
+    /// (a safetensors tensor of F8_E4M3 included); `None` as
+    /// [`Self::bytes_for`] but for the ggml check.
+    pub fn elem_bytes_for(self, n: u64) -> Option<u64> {
         if !n.is_multiple_of(self.block_elems()) {
             return None;
         }
@@ -201,7 +256,12 @@ type Kernels = &'static [(GgmlType, Kernel)];
 /// Every family's kernels. A family of types is one module with its
 /// `KERNELS` and a line here (its types listed in [`DECODABLE`]); block
 /// geometry stays in [`TYPES`], which names every type a file may declare.
-const FAMILIES: &[Kernels] = &[float::KERNELS, legacy::KERNELS, kquants::KERNELS];
+const FAMILIES: &[Kernels] = &[
+    float::KERNELS,
+    legacy::KERNELS,
+    kquants::KERNELS,
+    f8::KERNELS,
+];
 
 /// The kernel of `ty`, if this crate decodes it.
 fn kernel(ty: GgmlType) -> Option<Kernel> {
@@ -248,11 +308,47 @@ mod tests {
     /// The decodable types are exactly those with a kernel, each with one.
     #[test]
     fn every_decodable_type_has_one_kernel() {
-        let with_kernel: Vec<GgmlType> = FAMILIES
+        let mut with_kernel: Vec<GgmlType> = FAMILIES
             .iter()
             .flat_map(|f| f.iter().map(|k| k.0))
             .collect();
-        assert_eq!(with_kernel, DECODABLE);
+        let mut decodable = [DECODABLE, OTHER_DECODABLE].concat();
+        let key = |t: &GgmlType| format!("{t:?}");
+        with_kernel.sort_by_key(key);
+        decodable.sort_by_key(key);
+        assert_eq!(with_kernel, decodable);
+        assert!(decodable.windows(2).all(|w| w[0] != w[1]));
+    }
+
+    /// The 8-bit floats of safetensors are no ggml type: no id of a GGUF
+    /// yields one, no name of a dense .knot or GGUF type table names one,
+    /// and no ggml file's size (what the GGUF and .knot writers ask
+    /// before writing a tensor) is given for one.
+    #[test]
+    fn non_ggml_types_are_never_read_from_or_written_to_a_ggml_file() {
+        for id in (0..=u16::MAX as u32).chain([u32::MAX - 1, u32::MAX]) {
+            assert!(GgmlType::from_id(id).is_none_or(GgmlType::is_ggml), "{id}");
+        }
+        for ty in [GgmlType::F8E4M3, GgmlType::F8E5M2] {
+            assert!(!ty.is_ggml() && ty.is_decodable());
+            assert_eq!(GgmlType::from_id(ty.id()), None);
+            assert_eq!(GgmlType::from_name(ty.name()), None);
+            assert!(
+                !DECODABLE.contains(&ty),
+                "a dense .knot may not declare {ty}"
+            );
+            assert_eq!(ty.bytes_for(4), None);
+            assert_eq!(ty.elem_bytes_for(4), Some(4));
+        }
+        assert_eq!(GgmlType::F64.bytes_for(2), Some(16));
+        let mut out = [0f32; 2];
+        dequantize(
+            GgmlType::F64,
+            &[0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0, 0, 0, 0, 0, 0, 0, 0xc0],
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out, [1.0, -2.0]);
     }
 
     #[test]

@@ -100,6 +100,7 @@ pub(crate) enum Kind {
     Knot,
     Rknot,
     Gguf,
+    Safetensors,
 }
 
 pub(crate) fn kind_of(bytes: &[u8]) -> Kind {
@@ -107,9 +108,19 @@ pub(crate) fn kind_of(bytes: &[u8]) -> Kind {
         Kind::Rknot
     } else if bytes.starts_with(b"GGUF") {
         Kind::Gguf
+    } else if safetensors_split(bytes).is_some() {
+        Kind::Safetensors
     } else {
         Kind::Knot
     }
+}
+
+/// A safetensors file's header JSON and data, when its length prefix fits.
+pub(crate) fn safetensors_split(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let n = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
+    let json = bytes.get(8..end)?;
+    (json.first() == Some(&b'{')).then(|| (json, &bytes[end..]))
 }
 
 pub(crate) fn layout_of(bytes: &[u8]) -> FieldMap {
@@ -142,6 +153,11 @@ pub(crate) fn layout_of(bytes: &[u8]) -> FieldMap {
             }
         }
         Kind::Gguf => gguf_layout(bytes),
+        Kind::Safetensors => FieldMap {
+            fields: vec![(0, 8)],
+            header_end: safetensors_split(bytes).map_or(8, |(j, _)| 8 + j.len()),
+            json: true,
+        },
     }
 }
 
@@ -701,6 +717,21 @@ pub(crate) fn mutate_structured(d: &[u8], rng: &mut Rng) -> Option<Vec<u8>> {
         }
         Kind::Rknot => corpus::rknot_split_any(d)?,
         Kind::Gguf => return None,
+        Kind::Safetensors => {
+            let (json, data) = safetensors_split(d)?;
+            let mut v: Value = serde_json::from_slice(json).ok()?;
+            for _ in 0..1 + rng.below(3) {
+                mutate_json(&mut v, rng);
+            }
+            let mut text = to_text(&v, rng);
+            if rng.chance(6) {
+                mutate_text(&mut text, rng);
+            }
+            let mut out = (text.len() as u64).to_le_bytes().to_vec();
+            out.extend_from_slice(&text);
+            out.extend_from_slice(data);
+            return Some(out);
+        }
     };
     for _ in 0..1 + rng.below(3) {
         mutate_json(&mut v, rng);
@@ -717,7 +748,7 @@ pub(crate) fn mutate_structured(d: &[u8], rng: &mut Rng) -> Option<Vec<u8>> {
 
 /// Mutate one file of an input.
 pub(crate) fn mutate(d: &mut Vec<u8>, rng: &mut Rng, lay: &FieldMap) {
-    let structured = matches!(kind_of(d), Kind::Knot | Kind::Rknot);
+    let structured = matches!(kind_of(d), Kind::Knot | Kind::Rknot | Kind::Safetensors);
     let mode = if structured { rng.below(20) } else { 10 };
     if mode < 10
         && let Some(m) = mutate_structured(d, rng)

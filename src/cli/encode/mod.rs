@@ -147,7 +147,7 @@ pub(crate) fn check_encode_input(
     let format = b.summary().format;
     let shown = crate::text::escape(&path.to_string_lossy()).to_string();
     if cmd == ["encode", "knot"] {
-        if format != crate::format::FileFormat::Gguf {
+        if !format.is_repackable() {
             return Err(usage(
                 cmd,
                 format!("{shown}: encode knot repacks a GGUF; this is {format}"),

@@ -1,0 +1,257 @@
+//! A Hugging Face safetensors checkpoint as one [`DenseBackend`]: every
+//! tensor of every shard, under its GGUF name for a family `arch` knows
+//! (llama's Q and K rows then in llama.cpp's converter's order, as a GGUF
+//! made from the checkpoint holds them) and under its Hugging Face name
+//! otherwise; the model's GGUF-style metadata from `config.json` and the
+//! tokenizer files (`arch::hf_import`).
+
+use super::dense::{DenseBackend, RowGroups, StoredTensor};
+use super::{Role, SourceSummary};
+use crate::arch::hf_import::{self, HfFiles};
+use crate::arch::{self, Architecture};
+use crate::error::{ErrorKind, Result, err};
+use crate::format::FileFormat;
+use crate::format::meta::Metadata;
+use crate::format::safetensors::{Checkpoint, CheckpointKind, checkpoint::SideFile};
+
+fn bytes(f: &Option<SideFile>) -> Option<&[u8]> {
+    f.as_ref().map(|f| f.bytes.as_slice())
+}
+use crate::quant::GgmlType;
+
+/// What the backend learnt from `config.json`.
+struct Model {
+    arch: Option<&'static dyn Architecture>,
+    metadata: Metadata,
+    heads: Option<(u64, u64)>,
+}
+
+pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend> {
+    let Checkpoint {
+        kind,
+        index,
+        shards,
+        config,
+        tokenizer,
+        tokenizer_config,
+        generation_config,
+        mut notes,
+    } = c;
+    let model = match &config {
+        Some(cfg) => model_of(
+            &HfFiles {
+                config: &cfg.bytes,
+                tokenizer: bytes(&tokenizer),
+                tokenizer_config: bytes(&tokenizer_config),
+                generation_config: bytes(&generation_config),
+            },
+            &mut notes,
+        ),
+        None => {
+            notes.push(
+                "without config.json: tensors served under their Hugging Face names; the views \
+                 that need the model's metadata (hf/, probe) are absent"
+                    .into(),
+            );
+            Model {
+                arch: None,
+                metadata: Metadata::default(),
+                heads: None,
+            }
+        }
+    };
+    let path = match (&index, shards.first()) {
+        (Some(i), _) => i.path().to_path_buf(),
+        (None, Some((f, _))) => f.path().to_path_buf(),
+        (None, None) => {
+            return Err(err(ErrorKind::BadValue, "a checkpoint without weights"));
+        }
+    };
+    if kind == CheckpointKind::Sharded {
+        notes.insert(0, format!("{} shards", shards.len()));
+    }
+    let total: usize = shards.iter().map(|(_, h)| h.tensors.len()).sum();
+    let mut names = Vec::with_capacity(total);
+    let mut stored = Vec::with_capacity(total);
+    // Per tensor: its rows' order and why it is not served.
+    let mut amend: Vec<(Option<RowGroups>, Option<String>)> = Vec::with_capacity(total);
+    let mut unmapped = 0usize;
+    for (file, (_, h)) in shards.iter().enumerate() {
+        for t in &h.tensors {
+            let n = t.n_elements().unwrap_or(0);
+            let (ty, why) = match t.dtype.element() {
+                Ok(ty) => (ty, None),
+                // Listed (never read) as the integer type of its width.
+                Err(why) => (listed_type(t.dtype.bits()), Some(why)),
+            };
+            let why = why.or_else(|| (n == 0).then(|| "the tensor has no elements".to_string()));
+            // A scalar is served as one element.
+            let shape = if t.shape.is_empty() {
+                vec![1]
+            } else {
+                t.shape.clone()
+            };
+            let (name, rows) = match model.arch.map(|a| (a, a.gguf_name(&t.name))) {
+                Some((a, Some((gguf, r)))) => {
+                    let rows = row_groups(a, r, &model, &shape, n).map_err(|m| {
+                        err(ErrorKind::BadShape, m)
+                            .tensor(&t.name)
+                            .path(&path)
+                            .at(t.header_at)
+                    })?;
+                    (gguf, rows)
+                }
+                Some((_, None)) => {
+                    unmapped += 1;
+                    (t.name.clone(), None)
+                }
+                None => (t.name.clone(), None),
+            };
+            names.push(name);
+            amend.push((rows, why));
+            stored.push((file, shape, n, ty, t.end - t.begin, h.data_start + t.begin));
+        }
+    }
+    match model.arch {
+        Some(a) => {
+            notes.push(format!(
+                "family {}: tensors under their GGUF names (Q/K rows in llama.cpp's order where \
+                 it permutes them); the Hugging Face names are in hf/",
+                a.name()
+            ));
+            if unmapped > 0 {
+                notes.push(format!(
+                    "{unmapped} tensors have no GGUF name in {} and keep their Hugging Face names",
+                    a.name()
+                ));
+            }
+        }
+        None => notes.push(
+            "family unknown: tensors under their Hugging Face names only (no GGUF spelling)".into(),
+        ),
+    }
+    // The weights' files only: the index and the description files were
+    // read whole at open (the metadata holds what they said), so a
+    // single-file checkpoint is one file, as a manifest digests it.
+    drop((
+        index,
+        config,
+        tokenizer,
+        tokenizer_config,
+        generation_config,
+    ));
+    let files: Vec<_> = shards.into_iter().map(|(f, _)| f).collect();
+    let summary = SourceSummary {
+        checked: false,
+        format: FileFormat::Safetensors,
+        version: 0,
+        path,
+        notes,
+        metadata: model.metadata,
+    };
+    let tensors = stored.into_iter().zip(&names).map(
+        |((file, shape, n_elements, ty, bytes, offset), name)| StoredTensor {
+            file,
+            name,
+            shape,
+            n_elements,
+            ty,
+            bytes,
+            offset,
+            sums: None,
+        },
+    );
+    let mut b = DenseBackend::build(files, summary, role, tensors)?;
+    for (i, (rows, why)) in amend.into_iter().enumerate() {
+        if let Some(r) = rows {
+            b.set_row_groups(i, r)?;
+        }
+        if let Some(w) = why {
+            b.set_unavailable(i, w)?;
+        }
+    }
+    Ok(b)
+}
+
+/// The metadata and head counts of `config.json`, or why not (a note).
+fn model_of(files: &HfFiles, notes: &mut Vec<String>) -> Model {
+    let heads = head_counts(files.config);
+    match hf_import::gguf_metadata(files) {
+        Ok(imp) => {
+            notes.extend(imp.notes);
+            Model {
+                arch: imp.arch,
+                metadata: imp.metadata,
+                heads,
+            }
+        }
+        Err(why) => {
+            notes.push(format!(
+                "config.json: {why}; tensors under their Hugging Face names, the views that need \
+                 the model's metadata are absent"
+            ));
+            Model {
+                arch: None,
+                metadata: Metadata::default(),
+                heads: None,
+            }
+        }
+    }
+}
+
+/// `num_attention_heads` and `num_key_value_heads` (the former when the
+/// latter is absent).
+fn head_counts(config: &[u8]) -> Option<(u64, u64)> {
+    let v: serde_json::Value = serde_json::from_slice(config).ok()?;
+    let heads = v.get("num_attention_heads")?.as_u64()?;
+    let kv = match v.get("num_key_value_heads") {
+        None | Some(serde_json::Value::Null) => heads,
+        Some(k) => k.as_u64()?,
+    };
+    Some((heads, kv))
+}
+
+/// The row order of a tensor of role `role` whose rows llama.cpp's
+/// converter permutes, or why its shape does not allow it.
+fn row_groups(
+    a: &dyn Architecture,
+    role: arch::Role,
+    model: &Model,
+    shape: &[u64],
+    n: u64,
+) -> std::result::Result<Option<RowGroups>, String> {
+    let probe = a.permuted_row_groups(role, 1, 1);
+    if probe.is_none() {
+        return Ok(None);
+    }
+    let Some((heads, kv)) = model.heads else {
+        return Err(format!(
+            "config.json gives no num_attention_heads, which the {} Q/K row order needs",
+            a.name()
+        ));
+    };
+    let Some(groups) = a.permuted_row_groups(role, heads, kv) else {
+        return Ok(None);
+    };
+    let rows = shape.first().copied().unwrap_or(0);
+    if groups == 0 || rows == 0 || !rows.is_multiple_of(2 * groups) {
+        return Err(format!(
+            "{rows} rows are not a multiple of 2 x {groups} heads (config.json's head counts)"
+        ));
+    }
+    Ok(Some(RowGroups {
+        groups,
+        group_rows: rows / groups,
+        row_elems: n / rows,
+    }))
+}
+
+/// The ggml integer type of an unserved dtype's width, for the listing.
+fn listed_type(bits: u64) -> GgmlType {
+    match bits {
+        64 => GgmlType::I64,
+        32 => GgmlType::I32,
+        16 => GgmlType::I16,
+        _ => GgmlType::I8,
+    }
+}
