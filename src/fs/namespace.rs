@@ -286,7 +286,7 @@ pub struct PartialModel {
 
 /// Whether `b`, a compressed source (SK32, .rknot), cannot serve its model
 /// whole because part of it is missing: tensors listed but unservable,
-/// tensors a model with metadata lacks, or a bare SK32 (sketched matrices
+/// tensors a model with complete metadata lacks, or a bare SK32 (sketched matrices
 /// only, no metadata). A compressed file without model metadata that lacks
 /// nothing it lists is a set of tensors, not a partial model; a dense file
 /// (GGUF, .knot) is never partial: None.
@@ -306,7 +306,10 @@ pub fn partial_model(b: &dyn Backend) -> Option<PartialModel> {
     }
     let has_fallback = b.fallback_summary().is_some();
     let bare_sketch = format == FileFormat::Sk32 && !has_fallback;
-    let lacks_tensors = md.architecture().is_some() && !gap.tensors.is_empty();
+    // Missing tensors count only for metadata that describes a model
+    // llama.cpp could load (a synthetic set of tensors under an
+    // architecture name is not one).
+    let lacks_tensors = gap.keys.is_empty() && !gap.tensors.is_empty();
     if unavailable.is_empty() && !lacks_tensors && !bare_sketch {
         return None;
     }
