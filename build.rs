@@ -14,8 +14,6 @@
 //!   openable read-write, or no fusermount3 in /usr/bin or /bin);
 //! - `rknot_no_model`: no SmolLM2 test model at
 //!   models/SmolLM2-135M-Instruct.Q4_1.gguf (or `$RKNOT_SMOLLM2`);
-//! - `rknot_no_llama`: `RKNOT_LLAMA_PYTHON` is not set (the opt-in
-//!   llama-cpp-python test in tests/views.rs);
 //! - `rknot_no_llama_cpp`: `RKNOT_LLAMA_BIN` is not set (the test of
 //!   llama.cpp's command-line tools, tests/llama_cpp.rs; tools/llama-cpp.sh
 //!   builds them, tools/test.sh sets it);
@@ -98,8 +96,7 @@ fn have_model() -> bool {
 
 /// The opt-in tests: the variable that turns each on, and the cfg emitted
 /// when it is unset or empty.
-const OPT_INS: [(&str, &str); 4] = [
-    ("RKNOT_LLAMA_PYTHON", "rknot_no_llama"),
+const OPT_INS: [(&str, &str); 3] = [
     ("RKNOT_LLAMA_BIN", "rknot_no_llama_cpp"),
     ("RKNOT_HF_PYTHON", "rknot_no_hf"),
     ("RKNOT_MOTO_SERVER", "rknot_no_moto"),

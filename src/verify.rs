@@ -25,7 +25,10 @@
 //!
 //! Summaries per tensor kind and overall aggregate over elements:
 //! `sqrt(Σ‖A−B‖² / Σ‖B‖²)`, `Σ⟨A,B⟩ / sqrt(Σ‖A‖² Σ‖B‖²)`, `Σ‖A‖²/Σ‖B‖²`
-//! and total stored bits over total weights.
+//! and total stored bits over total weights ([`total`]). Two totals have
+//! names: "overall" over every compared tensor (verbatim copies count,
+//! with error 0) and "lossy-encoded" over the tensors stored lossy (the
+//! figure the encoder prints, [`lossy_error`]).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -62,6 +65,35 @@ pub struct Sums {
     pub dot: f64,
     pub stored_bits: f64,
     pub n: u64,
+}
+
+/// One tensor compared with the dense file.
+#[derive(Debug, Clone)]
+pub struct Compared {
+    pub name: String,
+    pub sums: Sums,
+    /// Stored lossy-encoded, not as a copy of the dense file's blocks.
+    pub lossy: bool,
+}
+
+/// The aggregate of `sums`: the one definition of a total figure.
+pub fn total<'a>(sums: impl IntoIterator<Item = &'a Sums>) -> Sums {
+    let mut t = Sums::default();
+    for s in sums {
+        t.add(s);
+    }
+    t
+}
+
+/// The "lossy-encoded" total of `tensors`: over those stored lossy; None
+/// when there are none.
+pub fn lossy_error(tensors: &[Compared]) -> Option<Sums> {
+    let lossy: Vec<&Sums> = tensors
+        .iter()
+        .filter(|c| c.lossy)
+        .map(|c| &c.sums)
+        .collect();
+    (!lossy.is_empty()).then(|| total(lossy))
 }
 
 impl Sums {
@@ -113,8 +145,8 @@ pub struct Report {
     pub path: String,
     pub format: String,
     pub faults: Vec<Fault>,
-    /// (name, sums) per compared tensor.
-    pub tensors: Vec<(String, Sums)>,
+    /// Every compared tensor, in the file's order.
+    pub tensors: Vec<Compared>,
     pub dense: Option<String>,
     /// The whole file's size and the parameters it serves (0 when its
     /// header could not be read).
@@ -137,18 +169,17 @@ impl Report {
 
     pub fn by_kind(&self) -> BTreeMap<String, Sums> {
         let mut m: BTreeMap<String, Sums> = BTreeMap::new();
-        for (name, s) in &self.tensors {
-            m.entry(tensor_kind(name).to_string()).or_default().add(s);
+        for c in &self.tensors {
+            m.entry(tensor_kind(&c.name).to_string())
+                .or_default()
+                .add(&c.sums);
         }
         m
     }
 
+    /// The total over every compared tensor.
     pub fn overall(&self) -> Sums {
-        let mut t = Sums::default();
-        for (_, s) in &self.tensors {
-            t.add(s);
-        }
-        t
+        total(self.tensors.iter().map(|c| &c.sums))
     }
 
     pub fn to_json(&self) -> Value {
@@ -163,9 +194,10 @@ impl Report {
             "bits_per_weight": self.bits_per_weight(),
             "checked": self.checksum_units.is_some(),
             "checksum_units": self.checksum_units,
-            "tensors": self.tensors.iter().map(|(n, s)| { let mut v = s.json(); v["name"] = json!(n); v }).collect::<Vec<_>>(),
+            "tensors": self.tensors.iter().map(|c| { let mut v = c.sums.json(); v["name"] = json!(c.name); v["lossy"] = json!(c.lossy); v }).collect::<Vec<_>>(),
             "by_kind": self.by_kind().iter().map(|(k, s)| (k.clone(), s.json())).collect::<serde_json::Map<_, _>>(),
             "overall": if self.tensors.is_empty() { Value::Null } else { self.overall().json() },
+            "lossy_encoded": lossy_error(&self.tensors).map_or(Value::Null, |s| s.json()),
         })
     }
 
@@ -206,10 +238,10 @@ impl Report {
                 "  {:<34} {:>9} {:>9} {:>9} {:>11}\n",
                 "tensor", "rel_err", "cosine", "energy", "payload bpw"
             );
-            for (n, s) in &self.tensors {
+            for Compared { name, sums: s, .. } in &self.tensors {
                 o += &format!(
                     "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>11.3}\n",
-                    escape(n),
+                    escape(name),
                     s.rel_err(),
                     s.cosine(),
                     s.energy(),
@@ -227,15 +259,21 @@ impl Report {
                     s.bpw()
                 );
             }
-            let t = self.overall();
-            o += &format!(
-                "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>11.3}\n",
-                "overall",
-                t.rel_err(),
-                t.cosine(),
-                t.energy(),
-                t.bpw()
-            );
+            let totals = [
+                ("overall (every tensor)", Some(self.overall())),
+                ("lossy-encoded tensors", lossy_error(&self.tensors)),
+            ];
+            for (label, t) in totals {
+                let Some(t) = t else { continue };
+                o += &format!(
+                    "  {:<34} {:>9.5} {:>9.6} {:>9.5} {:>11.3}\n",
+                    label,
+                    t.rel_err(),
+                    t.cosine(),
+                    t.energy(),
+                    t.bpw()
+                );
+            }
         }
         o
     }
@@ -320,7 +358,7 @@ fn compare(
     only_lossy: bool,
     faults: &mut Vec<Fault>,
     meter: &Meter,
-) -> Vec<(String, Sums)> {
+) -> Vec<Compared> {
     // Tensors in parallel, each summed in order as before: the figures do
     // not depend on the thread count, and results keep the file's order.
     let results: Vec<Option<std::result::Result<Sums, Fault>>> = enc
@@ -377,7 +415,11 @@ fn compare(
     let mut out = Vec::new();
     for (t, r) in enc.tensors().entries().iter().zip(results) {
         match r {
-            Some(Ok(s)) => out.push((t.name.dot.clone(), s)),
+            Some(Ok(s)) => out.push(Compared {
+                name: t.name.dot.clone(),
+                sums: s,
+                lossy: compared(t, dense, true),
+            }),
             Some(Err(f)) => faults.push(f),
             None => {}
         }
@@ -759,11 +801,12 @@ impl IntegrityReport {
     }
 }
 
-/// Overall relative weight error of `enc`'s lossy-encoded tensors against
-/// `dense` (tensors it stores as ggml blocks are exact copies and would
-/// only dilute the figure the verdict's thresholds were measured on);
-/// None when there are none.
-pub fn overall_error(enc: &dyn Backend, dense: &dyn Backend, meter: &Meter) -> Option<f64> {
+/// The relative weight error of `enc`'s lossy-encoded tensors against
+/// `dense` ([`lossy_error`], `verify --dense`'s "lossy-encoded tensors":
+/// tensors stored as the dense file's ggml blocks are exact copies and
+/// would only dilute the figure the verdict's thresholds were measured on);
+/// 0 when every tensor is such a copy, None when nothing is comparable.
+pub fn lossy_weight_error(enc: &dyn Backend, dense: &dyn Backend, meter: &Meter) -> Option<f64> {
     let mut faults = Vec::new();
     meter.set_total(compare_weight(enc, dense, true));
     let tensors = compare(enc, dense, true, &mut faults, meter);
@@ -781,11 +824,7 @@ pub fn overall_error(enc: &dyn Backend, dense: &dyn Backend, meter: &Meter) -> O
                 .all(|t| matches!(t.stored, StoredType::Ggml(_)));
         return verbatim.then_some(0.0);
     }
-    let mut t = Sums::default();
-    for (_, s) in &tensors {
-        t.add(s);
-    }
-    Some(t.rel_err())
+    lossy_error(&tensors).map(|t| t.rel_err())
 }
 
 /// What an overall relative weight error means for answers, from the

@@ -229,7 +229,10 @@ fn defaults_keep_the_model_and_lossy_encodings_say_what_they_cost() {
         std::fs::read(dir.path().join("f.rknot")).unwrap()
     );
     for err in [&default, &faithful] {
-        assert!(err.contains("overall relative weight error 0.0"), "{err}");
+        assert!(
+            err.contains("relative weight error of the lossy-encoded tensors 0.0"),
+            "{err}"
+        );
         assert!(
             err.contains(": usable:") || err.contains(": near dense:"),
             "{err}"
@@ -244,9 +247,48 @@ fn defaults_keep_the_model_and_lossy_encodings_say_what_they_cost() {
     assert!(sk.contains("warning: SK32 sketches"), "{sk}");
     let knot = run("k.knot", "knot", &[]);
     assert!(
-        knot.contains("overall relative weight error 0.0000") && knot.contains("lossless"),
+        knot.contains("lossy-encoded tensors 0.0000") && knot.contains("lossless"),
         "{knot}"
     );
+}
+
+/// The encoder's closing figure is `verify --dense`'s "lossy-encoded
+/// tensors" total of the same file, to the printed digit; its "overall"
+/// counts the verbatim tensors too, and says so.
+#[test]
+fn the_encoder_and_verify_print_the_same_lossy_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_path("tiny-llama.gguf");
+    let out = dir.path().join("d.rknot");
+    let o = run_rknot(&encode_args("rknot", &model, &out, &[]));
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{err}");
+    let label = "relative weight error of the lossy-encoded tensors ";
+    let at = err.find(label).unwrap_or_else(|| panic!("{err}")) + label.len();
+    let printed: String = err[at..]
+        .chars()
+        .take_while(|c| !c.is_whitespace())
+        .collect();
+    let verify = |json: bool| {
+        let (o, m) = (out.to_str().unwrap(), model.to_str().unwrap());
+        let mut args = vec!["verify", o, "--dense", m];
+        if json {
+            args.push("--json");
+        }
+        let r = run_rknot(&args);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        String::from_utf8(r.stdout).unwrap()
+    };
+    let v: serde_json::Value = serde_json::from_str(&verify(true)).unwrap();
+    let lossy = v["lossy_encoded"]["rel_err"].as_f64().unwrap();
+    assert_eq!(printed, format!("{lossy:.4}"), "{err}");
+    // The two totals differ here (verbatim norms and embeddings dilute the
+    // overall one), which is why each has its name.
+    let overall = v["overall"]["rel_err"].as_f64().unwrap();
+    assert!(overall < lossy, "{overall} vs {lossy}");
+    let text = verify(false);
+    assert!(text.contains("overall (every tensor)"), "{text}");
+    assert!(text.contains("lossy-encoded tensors"), "{text}");
 }
 
 needs! { [model]

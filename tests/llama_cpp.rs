@@ -3,7 +3,8 @@
 //!
 //! - `llama-completion`, greedy, on "The capital of France is" answers
 //!   " Paris", from the mount and from a local copy of the mount's
-//!   `model.gguf` alike (the copy is an F32 GGUF of the same weights);
+//!   `model.gguf` alike (the copy is an F32 GGUF of the same weights), and
+//!   the same tokens as from the Q4_1 source GGUF itself;
 //! - `llama-perplexity` over tests/data/probe/gpl-3.0.txt reports the same
 //!   estimates, to the last printed digit, on the mount and on the copy, and
 //!   the final one is the committed figure of tests/data/probe/reference.json
@@ -141,8 +142,8 @@ fn assert_mapped(what: &str, stderr: &str) {
 
 /// Mounts `source` and runs both tools on its `model.gguf` and on a local
 /// copy of it: " Paris", mmap, the same completion and the same perplexity
-/// estimates on both. Returns the final estimate line.
-fn tools_on_the_view(bin: &Path, source: &Path) -> String {
+/// estimates on both. Returns the final estimate line and the completion.
+fn tools_on_the_view(bin: &Path, source: &Path) -> (String, String) {
     let m = Mounted::new(source, &[]);
     let view = m.path("model.gguf");
     // First read of the mount: llama.cpp's mmap, nothing cached yet.
@@ -170,7 +171,7 @@ fn tools_on_the_view(bin: &Path, source: &Path) -> String {
         windows, windows_copy,
         "per-window perplexity: mount vs local copy"
     );
-    estimate
+    (estimate, from_mount)
 }
 
 needs! { [llama_cpp, model, fuse]
@@ -180,7 +181,10 @@ fn llama_cpp_tools_on_the_gguf_view() {
     if !fuse_available() {
         return;
     }
-    let estimate = tools_on_the_view(&bin, &model);
+    let (estimate, from_mount) = tools_on_the_view(&bin, &model);
+    // The F32 view generates the same greedy tokens as the Q4_1 source.
+    let (from_source, err) = complete(&bin, &model);
+    assert_eq!(from_mount, from_source, "mount vs the source GGUF\n{err}");
     // The same figure as the committed one, made with the same llama.cpp on
     // the F32 GGUF that llama.cpp's own llama-quantize writes from the Q4_1
     // file (tools/probe_reference.py): a reference that does not come from

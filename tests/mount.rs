@@ -686,3 +686,68 @@ fn memory_stays_bounded_while_streaming() {
     );
 }
 }
+
+needs! { [fuse]
+/// A source that cannot serve its model (an SK32, or a compressed-only
+/// .rknot, without --dense) is refused with exit 2 before anything is
+/// mounted, naming what is missing and --dense; --allow-partial (or
+/// -o allow_partial) mounts it anyway and says what is missing; with
+/// --dense it mounts as before, without a word on stderr.
+fn a_partial_model_is_refused_unless_allowed() {
+    if !fuse_available() {
+        return;
+    }
+    let (sk, rk, gguf) = (
+        demo_path("tiny-llama.sk32"),
+        demo_path("tiny-llama.rknot"),
+        demo_path("tiny-llama.gguf"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let log = dir.path().join("daemon.log");
+    // Background mode (the default); the guard unmounts whatever did mount.
+    let mount = |source: &Path, extra: &[&str]| {
+        let o = Command::new(mount_bin())
+            .arg(source)
+            .arg(&mp)
+            .arg("--log-file")
+            .arg(&log)
+            .args(extra)
+            .output()
+            .unwrap();
+        let pid = background_pid(&String::from_utf8_lossy(&o.stdout));
+        let guard = MountGuard::new(&mp, pid);
+        (o, guard)
+    };
+    let (sk_names, rk_names) = (
+        ["token_embd.weight", "general.architecture", "SK32"],
+        ["token_embd.weight", "--compressed-only", "model.embed_tokens.weight"],
+    );
+    for (source, names) in [(&sk, sk_names), (&rk, rk_names)] {
+        let (o, _guard) = mount(source, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {err}", source.display());
+        let always = ["cannot serve its model", "--dense FILE", "--allow-partial"];
+        for want in names.iter().chain(&always) {
+            let shown = source.display();
+            assert!(err.contains(want), "{shown}: want {want:?} in {err}");
+        }
+        assert!(!is_mounted(&mp.canonicalize().unwrap()), "nothing mounted");
+    }
+    for allow in [&["--allow-partial"][..], &["-o", "allow_partial"][..]] {
+        let (o, guard) = mount(&sk, allow);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{allow:?}: {err}");
+        assert!(err.contains("partial model"), "{allow:?}: {err}");
+        assert!(err.contains("token_embd.weight"), "{allow:?}: {err}");
+        assert!(mp.join("blk.0.attn_q.weight.f32").exists());
+        assert!(!mp.join("model.gguf").exists());
+        drop(guard);
+    }
+    let (o, _guard) = mount(&sk, &["--dense", gguf.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(mp.join("model.gguf").exists());
+}
+}

@@ -30,6 +30,7 @@ mod checksums;
 mod http_server;
 mod passthrough;
 mod remote;
+mod verdict;
 use crate::format::gguf::write_gguf;
 use crate::format::meta::{MetaValue, Metadata};
 use crate::format::sk32::write_sk32;
@@ -610,13 +611,6 @@ pub fn mount_bench(o: &MountBenchOpts) -> BResult<String> {
     passthrough::decoded_bench(o, &sk32, &gguf, &mut r, &mut verdicts, &meter)?;
     meter.finish();
 
-    let _ = writeln!(r, "\ntargets:");
-    for (mode, what, ok, val) in verdicts {
-        let _ = writeln!(
-            r,
-            "  [{}] {what} ({mode} mode) {val}",
-            if ok { "met" } else { "MISSED" }
-        );
-    }
+    r.push_str(&verdict::targets(&verdicts, verdict::judged(o.rounds)));
     Ok(r)
 }

@@ -29,6 +29,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use super::http_server::BenchServer;
+use super::verdict::{self, meets};
 use super::{BResult, Daemon, cat_secs, drop_page_cache, median};
 use crate::format::gguf::{GgufFile, write_gguf};
 use crate::format::meta::{MetaValue, Metadata};
@@ -320,6 +321,7 @@ fn mib(b: u64) -> f64 {
 
 /// Run the benchmark; returns the report.
 pub fn remote_bench(o: &RemoteBenchOpts) -> BResult<String> {
+    let judged = verdict::judged(o.rounds);
     if o.dir.to_str().is_none() {
         return Err(format!("{}: not UTF-8", o.dir.display()));
     }
@@ -492,7 +494,7 @@ pub fn remote_bench(o: &RemoteBenchOpts) -> BResult<String> {
         "remote mount, cold (fresh mount)",
         Some(tr),
         Some(tc / tr),
-        &meets(tc / tr, 0.8),
+        &meets(tc / tr, 0.8, judged),
     );
     row(
         &mut r,
@@ -527,7 +529,7 @@ pub fn remote_bench(o: &RemoteBenchOpts) -> BResult<String> {
             Some(wl / wr),
             &format!(
                 "vs the local-file mount's {wl:.3} s: {}",
-                meets(wl / wr, 0.8)
+                meets(wl / wr, 0.8, judged)
             ),
         );
     } else {
@@ -582,12 +584,4 @@ pub fn remote_bench(o: &RemoteBenchOpts) -> BResult<String> {
         mib(server.bytes_sent.load(std::sync::atomic::Ordering::Relaxed))
     );
     Ok(r)
-}
-
-fn meets(ratio: f64, goal: f64) -> String {
-    if ratio >= goal {
-        format!(">= {goal}x: met")
-    } else {
-        format!(">= {goal}x: NOT met")
-    }
 }

@@ -69,6 +69,7 @@ use crate::cache::{BlockCache, Chunk};
 pub use ctl::MAX_LINE as MAX_CTL_LINE;
 pub use files::MAX_FILE_BYTES;
 use inodes::{FORMAT_INO_STRIDE, HF_DIR_INO};
+pub use namespace::{PartialModel, partial_model};
 use views::{ElemFormat, ModelView, ViewSet};
 
 pub use inodes::{

@@ -20,6 +20,7 @@ use super::inodes::{
 use super::views::{self, Layout, ModelView, ViewTensor};
 use super::{Attr, FsConfig, Kind, StatFs, TensorFs};
 use crate::backend::{Availability, Backend, TensorInfo};
+use crate::format::FileFormat;
 use crate::format::meta::Metadata;
 
 /// What an inode with tensor bytes is.
@@ -118,20 +119,7 @@ pub(super) fn build_views(
     requested: &[ModelView],
 ) -> Vec<ViewFile> {
     let entries = b.tensors().entries();
-    let tensors: Vec<ViewTensor> = files
-        .iter()
-        .enumerate()
-        .map(|(f, tf)| {
-            let t = &entries[tf.index];
-            ViewTensor {
-                file: f,
-                name: &t.name.dot,
-                shape: &t.shape,
-                n_elements: t.n_elements,
-                rows: None,
-            }
-        })
-        .collect();
+    let tensors = view_tensors(entries, files);
     let unavailable: Vec<&TensorInfo> = entries.iter().filter(|t| !t.is_available()).collect();
     let (md, _) = view_metadata(b);
     let st_formats: Vec<ElemFormat> = requested
@@ -150,7 +138,8 @@ pub(super) fn build_views(
                 Some(r) => r.map_err(|e| e.to_string()),
                 None => Err("internal error: safetensors view not built".to_string()),
             },
-            ModelView::Gguf => gguf_refusal(md, &tensors, &unavailable)
+            ModelView::Gguf => ModelGap::of(md, &tensors, &unavailable)
+                .gguf_refusal()
                 .map_or_else(|| views::gguf(&tensors, md).map_err(|e| e.to_string()), Err),
             // Built by `hf::build`.
             ModelView::Hf(_) => continue,
@@ -187,48 +176,193 @@ fn name_list(ts: &[&TensorInfo]) -> String {
     names.join(", ")
 }
 
-/// Why `model.gguf` cannot be offered, if it cannot: llama.cpp needs the
-/// run metadata and every tensor.
-fn gguf_refusal(
-    md: &Metadata,
-    tensors: &[ViewTensor],
-    unavailable: &[&TensorInfo],
-) -> Option<String> {
-    let missing = views::gguf_missing_keys(md);
-    if !missing.is_empty() {
-        let hint = if md.is_empty() {
-            " (the source carries no model key/values, e.g. a bare SK32: mount it with \
-             --dense MODEL.gguf)"
-        } else {
-            ""
-        };
-        return Some(format!(
-            "the model metadata lacks {}, which llama.cpp needs to load the model{hint}",
-            missing.join(", ")
-        ));
+/// The served tensors as the view builders see them.
+fn view_tensors<'a>(entries: &'a [TensorInfo], files: &[TensorFile]) -> Vec<ViewTensor<'a>> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(f, tf)| {
+            let t = &entries[tf.index];
+            ViewTensor {
+                file: f,
+                name: &t.name.dot,
+                shape: &t.shape,
+                n_elements: t.n_elements,
+                rows: None,
+            }
+        })
+        .collect()
+}
+
+/// What the model lacks for llama.cpp to load it: the one computation
+/// behind `model.gguf`'s absence (ctl, index.json) and the mount's refusal
+/// of a partial model ([`partial_model`]).
+struct ModelGap<'a> {
+    md: &'a Metadata,
+    /// Key/values llama.cpp needs that the metadata lacks.
+    keys: Vec<String>,
+    /// Listed tensors that cannot be served.
+    unavailable: &'a [&'a TensorInfo],
+    /// What the served tensors lack (names, or "tensors of N of the M
+    /// blocks").
+    tensors: Vec<String>,
+}
+
+impl<'a> ModelGap<'a> {
+    fn of(
+        md: &'a Metadata,
+        tensors: &[ViewTensor],
+        unavailable: &'a [&'a TensorInfo],
+    ) -> ModelGap<'a> {
+        let names: Vec<&str> = tensors.iter().map(|t| t.name).collect();
+        ModelGap {
+            md,
+            keys: views::gguf_missing_keys(md),
+            unavailable,
+            tensors: views::gguf_missing_tensors(md, &names),
+        }
     }
-    if let Some(first) = unavailable.first() {
-        let why = match &first.availability {
-            Availability::Unavailable(w) => w.as_str(),
-            Availability::Available => "",
-        };
-        return Some(format!(
-            "{} tensor(s) cannot be served ({}: {why}) and llama.cpp needs every tensor",
+
+    /// Why `model.gguf` cannot be offered, if it cannot: llama.cpp needs
+    /// the run metadata and every tensor.
+    fn gguf_refusal(&self) -> Option<String> {
+        let md = self.md;
+        if !self.keys.is_empty() {
+            let hint = if md.is_empty() {
+                " (the source carries no model key/values, e.g. a bare SK32: mount it with \
+                 --dense MODEL.gguf)"
+            } else {
+                ""
+            };
+            return Some(format!(
+                "the model metadata lacks {}, which llama.cpp needs to load the model{hint}",
+                self.keys.join(", ")
+            ));
+        }
+        if let Some(first) = self.unavailable.first() {
+            return Some(format!(
+                "{} tensor(s) cannot be served ({}: {}) and llama.cpp needs every tensor",
+                self.unavailable.len(),
+                name_list(self.unavailable),
+                unavailable_reason(first)
+            ));
+        }
+        if !self.tensors.is_empty() {
+            return Some(format!(
+                "the served tensors lack {}, which llama.cpp needs to build the model (a \
+                 compressed file alone carries only what it compresses: mount it with \
+                 --dense MODEL.gguf)",
+                self.tensors.join(" and ")
+            ));
+        }
+        None
+    }
+}
+
+fn unavailable_reason(t: &TensorInfo) -> &str {
+    match &t.availability {
+        Availability::Unavailable(w) => w.as_str(),
+        Availability::Available => "",
+    }
+}
+
+/// A source that holds only part of a model, mounted without what
+/// completes it: what is missing, and why `model.gguf` and `hf/` are not
+/// offered (as ctl and index.json say).
+#[derive(Debug, Clone)]
+pub struct PartialModel {
+    /// What is missing: counted, the first few named.
+    pub missing: Vec<String>,
+    /// Why the source lacks it.
+    pub why: String,
+    /// Why `model.gguf` is not offered.
+    pub gguf: String,
+    /// Why `hf/` is not offered (None: it is).
+    pub hf: Option<String>,
+    /// Whether a dense fallback is attached already (it then lacks the
+    /// tensors too).
+    pub has_fallback: bool,
+}
+
+/// Whether `b`, a compressed source (SK32, .rknot), cannot serve its model
+/// whole because part of it is missing: tensors listed but unservable,
+/// tensors a model with complete metadata lacks, or a bare SK32 (sketched matrices
+/// only, no metadata). A compressed file without model metadata that lacks
+/// nothing it lists is a set of tensors, not a partial model; a dense file
+/// (GGUF, .knot) is never partial: None.
+pub fn partial_model(b: &dyn Backend) -> Option<PartialModel> {
+    let (files, _) = tensor_files(b, &FsConfig::default());
+    let entries = b.tensors().entries();
+    let tensors = view_tensors(entries, &files);
+    let unavailable: Vec<&TensorInfo> = entries.iter().filter(|t| !t.is_available()).collect();
+    let (md, _) = view_metadata(b);
+    let gap = ModelGap::of(md, &tensors, &unavailable);
+    let gguf = gap.gguf_refusal()?;
+    // A dense file serves what it holds: whatever it lacks, nothing of it
+    // is elsewhere.
+    let format = b.summary().format;
+    if !matches!(format, FileFormat::Sk32 | FileFormat::Rknot) {
+        return None;
+    }
+    let has_fallback = b.fallback_summary().is_some();
+    let bare_sketch = format == FileFormat::Sk32 && !has_fallback;
+    // Missing tensors count only for metadata that describes a model
+    // llama.cpp could load (a synthetic set of tensors under an
+    // architecture name is not one).
+    let lacks_tensors = gap.keys.is_empty() && !gap.tensors.is_empty();
+    if unavailable.is_empty() && !lacks_tensors && !bare_sketch {
+        return None;
+    }
+    let mut missing = Vec::new();
+    if !unavailable.is_empty() {
+        missing.push(format!(
+            "{} tensor(s) that cannot be served ({})",
             unavailable.len(),
-            name_list(unavailable)
+            name_list(&unavailable)
         ));
     }
-    let names: Vec<&str> = tensors.iter().map(|t| t.name).collect();
-    let missing = views::gguf_missing_tensors(md, &names);
-    if !missing.is_empty() {
-        return Some(format!(
-            "the served tensors lack {}, which llama.cpp needs to build the model (a \
-             compressed file alone carries only what it compresses: mount it with \
-             --dense MODEL.gguf)",
-            missing.join(" and ")
+    // A tensor listed but unservable is missing from the served ones too:
+    // named once.
+    let lacked: Vec<&str> = gap
+        .tensors
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !unavailable.iter().any(|t| t.name.dot == *n))
+        .collect();
+    if !lacked.is_empty() {
+        missing.push(lacked.join(" and "));
+    }
+    if bare_sketch && !gap.keys.is_empty() {
+        missing.push(format!(
+            "{} model key/value(s) ({})",
+            gap.keys.len(),
+            gap.keys.join(", ")
         ));
     }
-    None
+    let why = if bare_sketch {
+        "an SK32 file holds only the low-rank sketches of the weight matrices: no embeddings, \
+         norms or model metadata"
+            .to_string()
+    } else if let Some(first) = unavailable.first() {
+        unavailable_reason(first).to_string()
+    } else if has_fallback {
+        "the dense fallback does not supply them either (it must be the GGUF the source was \
+         encoded from)"
+            .to_string()
+    } else {
+        format!(
+            "a .{} written with --compressed-only holds only the matrices it compresses",
+            format.name()
+        )
+    };
+    let hf = hf::build(b, &files, &[]).dir.err();
+    Some(PartialModel {
+        missing,
+        why,
+        gguf,
+        hf,
+        has_fallback,
+    })
 }
 
 impl Namespace {

@@ -23,7 +23,8 @@ use crate::fs::views::ViewSet;
                   (docs/OPERATIONS.md \"mount(8) and /etc/fstab\").\n\
                   Exit status: 0 mounted (or, in the foreground, stopped by a signal or an unmount); \
                   1 the mount failed (missing or bad file, mountpoint, FUSE); \
-                  2 usage error (unknown flag or -o option, bad value)."
+                  2 usage error (unknown flag or -o option, bad value), or SOURCE cannot serve its model \
+                  whole (tensors missing: give --dense FILE, or --allow-partial)."
 )]
 pub struct MountCli {
     /// Model file: .rknot, SK32 sketch, dense .knot or GGUF.
@@ -33,6 +34,12 @@ pub struct MountCli {
     /// Dense fallback (GGUF or dense .knot) for tensors SOURCE lacks.
     #[arg(long, value_name = "FILE")]
     pub dense: Option<PathBuf>,
+    /// Mount even when SOURCE cannot serve its model whole (an SK32, or a
+    /// --compressed-only .rknot, without --dense): only the tensor files it
+    /// has, no model.gguf or hf/; what is missing is printed on stderr.
+    /// Without it such a mount is refused (exit 2).
+    #[arg(long)]
+    pub allow_partial: bool,
     /// Decoded-chunk cache in MiB, at least 1 [default: 256].
     #[arg(long, value_name = "MIB", value_parser = parse_cache_mb)]
     pub cache_mb: Option<u64>,
@@ -49,7 +56,8 @@ pub struct MountCli {
     pub views: Option<ViewSet>,
     /// Mount options, comma-separated (repeatable): allow_other, allow_root,
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
-    /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=, views=,
+    /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=,
+    /// allow_partial, views=,
     /// jobs_dir=, jobs_remote_prefix=, max_jobs=, nojobs, stop_timeout=, manifest=,
     /// unverified=hold|allow, decoded_cache=, decoded_cache_gb=,
     /// nopassthrough, endpoint=, ca_bundle=, source_cache=,
@@ -126,6 +134,7 @@ impl MountCli {
             source: self.source,
             mountpoint: self.mountpoint,
             dense: self.dense,
+            allow_partial: self.allow_partial,
             cache_mb: self.cache_mb,
             threads: self.threads,
             foreground: self.foreground,

@@ -188,6 +188,7 @@ pub fn run(args: &[OsString]) -> ExitCode {
         decoded_cache: None,
         decoded_cache_gb: None,
         no_passthrough: false,
+        allow_partial: false,
         remote: Default::default(),
     };
     if h.fake {

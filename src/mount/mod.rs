@@ -17,6 +17,7 @@ pub mod checks;
 pub mod cli;
 pub mod helper;
 pub mod options;
+pub mod partial;
 pub mod stop;
 
 use std::io::{Read, Write};
@@ -47,6 +48,9 @@ pub struct MountRequest {
     pub source: PathBuf,
     pub mountpoint: PathBuf,
     pub dense: Option<PathBuf>,
+    /// `--allow-partial` (or `-o allow_partial`): mount a source that
+    /// cannot serve its model whole.
+    pub allow_partial: bool,
     pub cache_mb: Option<u64>,
     pub threads: Option<usize>,
     pub foreground: bool,
@@ -81,6 +85,25 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Why [`prepare`] did not get to mount, and the exit status that says so.
+struct Unprepared {
+    msg: String,
+    code: u8,
+}
+
+impl From<String> for Unprepared {
+    fn from(msg: String) -> Self {
+        Unprepared { msg, code: 1 }
+    }
+}
+
+impl Unprepared {
+    fn exit(self) -> ExitCode {
+        eprintln!("rknot-mount: error: {}", self.msg);
+        ExitCode::from(self.code)
+    }
+}
+
 struct Prepared {
     backend: Arc<dyn Backend>,
     /// The manifest checks, when a manifest was given.
@@ -97,7 +120,7 @@ fn n_cpus() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-fn prepare(req: &MountRequest) -> Result<Prepared, String> {
+fn prepare(req: &MountRequest) -> Result<Prepared, Unprepared> {
     let (opts, _) = options::parse_with(&req.options, req.sloppy)?;
     // Before any source is opened (and before the fork of background
     // mode, which keeps it).
@@ -141,6 +164,21 @@ fn prepare(req: &MountRequest) -> Result<Prepared, String> {
             None,
         ),
     };
+    // Before the fork: the user's stderr gets the refusal or the warning.
+    match partial::check(
+        backend.as_ref(),
+        &source,
+        req.allow_partial || opts.allow_partial,
+    ) {
+        Ok(Some(warning)) => eprintln!("rknot-mount: {warning}"),
+        Ok(None) => {}
+        Err(msg) => {
+            return Err(Unprepared {
+                msg,
+                code: partial::EXIT_PARTIAL,
+            });
+        }
+    }
     let cache_mb = req.cache_mb.or(opts.cache_mb).unwrap_or(DEFAULT_CACHE_MB);
     let threads = req
         .threads
@@ -343,7 +381,7 @@ fn init_logging(target: Option<std::fs::File>) {
 pub fn check_only(req: &MountRequest) -> ExitCode {
     match prepare(req) {
         Ok(_) => ExitCode::SUCCESS,
-        Err(e) => fail(e),
+        Err(e) => e.exit(),
     }
 }
 
@@ -351,7 +389,7 @@ pub fn check_only(req: &MountRequest) -> ExitCode {
 pub fn run(req: MountRequest) -> ExitCode {
     let prep = match prepare(&req) {
         Ok(p) => p,
-        Err(e) => return fail(e),
+        Err(e) => return e.exit(),
     };
     if req.foreground {
         init_logging(None);

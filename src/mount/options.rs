@@ -20,6 +20,8 @@ pub struct MountOpts {
     pub readahead_kb: Option<u32>,
     pub chunk_kb: Option<u64>,
     pub dense: Option<String>,
+    /// Mount a source that cannot serve its model whole anyway.
+    pub allow_partial: bool,
     pub views: Option<ViewSet>,
     pub jobs_dir: Option<String>,
     /// `s3://BUCKET/PREFIX/` where encoding jobs write instead of a
@@ -67,6 +69,7 @@ pub const OPTION_GROUPS: &[(&str, &[&str])] = &[
             "readahead_kb=N",
             "chunk_kb=N",
             "dense=FILE",
+            "allow_partial",
             "views=f32,f16,bf16",
             "stop_timeout=SECS",
         ],
@@ -318,6 +321,7 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
                 })?)
             }
             ("dense", Some(v)) if !v.is_empty() => o.dense = Some(v.to_string()),
+            ("allow_partial", None) => o.allow_partial = true,
             ("jobs_dir", Some(v)) if !v.is_empty() => o.jobs_dir = Some(v.to_string()),
             ("jobs_remote_prefix", Some(v)) => {
                 o.jobs_remote_prefix = Some(

@@ -3,8 +3,8 @@
 //!
 //! The stable test harness decides `#[ignore]` at compile time, so build.rs
 //! detects what this machine can run and emits a cfg per missing
-//! capability (`rknot_no_fuse`, `rknot_no_model`, `rknot_no_llama`,
-//! `rknot_no_llama_cpp`, `rknot_no_hf`, `rknot_no_moto`; see build.rs).
+//! capability (`rknot_no_fuse`, `rknot_no_model`, `rknot_no_llama_cpp`,
+//! `rknot_no_hf`, `rknot_no_moto`; see build.rs).
 //! `needs! { [fuse, model] fn name() { .. } }` is the test `name` with one
 //! `#[cfg_attr(CFG, ignore = "REASON")]` per capability: ignored, with the
 //! reason of the first capability listed that is missing, when any is.
@@ -14,8 +14,8 @@
 //! test that cannot run fails or shows as ignored, never passes.
 //!
 //! Capabilities: `fuse` (root, /dev/fuse, fusermount3), `model` (SmolLM2:
-//! tools/fetch-smollm2.sh), `llama` (RKNOT_LLAMA_PYTHON, llama-cpp-python),
-//! `llama_cpp` (RKNOT_LLAMA_BIN, tools/llama-cpp.sh), `hf`
+//! tools/fetch-smollm2.sh), `llama_cpp` (RKNOT_LLAMA_BIN,
+//! tools/llama-cpp.sh), `hf`
 //! (RKNOT_HF_PYTHON, tools/hf-env.sh), `moto` (RKNOT_MOTO_SERVER,
 //! tools/moto-env.sh). Attributes and doc comments before `fn` are kept.
 
@@ -43,10 +43,6 @@ macro_rules! needs {
     (@cap model $($t:tt)*) => {
         $crate::common::needs::needs!(@attr rknot_no_model
             "needs the SmolLM2 model: tools/fetch-smollm2.sh (README: Tests)" $($t)*);
-    };
-    (@cap llama $($t:tt)*) => {
-        $crate::common::needs::needs!(@attr rknot_no_llama
-            "opt-in: set RKNOT_LLAMA_PYTHON to a python3 with llama_cpp (README: Tests)" $($t)*);
     };
     (@cap llama_cpp $($t:tt)*) => {
         $crate::common::needs::needs!(@attr rknot_no_llama_cpp

@@ -118,7 +118,7 @@ fn report(encoded: Encoded, t0: std::time::Instant, mode: Mode) {
     // answers (decodes both once: seconds for SmolLM2).
     let fidelity = written.as_ref().and_then(|e| {
         let meter = Meter::new("measure error", Unit::Work, mode);
-        crate::verify::overall_error(e.as_ref(), source.as_ref(), &meter)
+        crate::verify::lossy_weight_error(e.as_ref(), source.as_ref(), &meter)
     });
     if let Some(e) = fidelity {
         // The verdicts come from encodings that minimise the weight error;
@@ -131,7 +131,8 @@ fn report(encoded: Encoded, t0: std::time::Instant, mode: Mode) {
             crate::verify::verdict(e)
         };
         eprintln!(
-            "rknot: overall relative weight error {e:.4} against {}: {verdict}",
+            "rknot: relative weight error of the lossy-encoded tensors {e:.4} against {} \
+             (rknot verify --dense: \"lossy-encoded tensors\"): {verdict}",
             crate::text::escape(&input.to_string_lossy()),
         );
     }
