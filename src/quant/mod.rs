@@ -228,8 +228,7 @@ const FAMILIES: &[Kernels] = &[
     fp4::KERNELS,
 ];
 
-/// Pairs each `B`-byte source block with its `E` output values, for the
-/// families added after the first three (which keep their own). The caller
+/// Pairs each `B`-byte source block with its `E` output values. The caller
 /// guarantees equal block counts; `zip` stops at the shorter side
 /// regardless, so no index is ever out of bounds.
 fn blocks<'s, 'o, const B: usize, const E: usize>(

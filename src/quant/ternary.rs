@@ -14,7 +14,9 @@ const POW3: [u8; 5] = [1, 3, 9, 27, 81];
 #[inline]
 fn trit(q: u8, pow3: u8) -> f32 {
     let top = q.wrapping_mul(pow3);
-    f32::from(((u16::from(top) * 3) >> 8) as i8 - 1)
+    // The digit is at most 765 >> 8 = 2, so the subtraction cannot wrap;
+    // wrapping_sub keeps an overflow check (profile ci) out of the loop.
+    f32::from((((u16::from(top) * 3) >> 8) as i8).wrapping_sub(1))
 }
 
 /// `y[n * W + m] = d * trit(qs[m], 3^n)` for every digit `n` of `y`.
@@ -59,7 +61,7 @@ pub(super) fn tq2_0(src: &[u8], out: &mut [f32]) {
         for (qs, y) in halves {
             for (s, y) in y.as_chunks_mut::<32>().0.iter_mut().enumerate() {
                 for (&q, y) in qs.iter().zip(y) {
-                    *y = d * f32::from(((q >> (2 * s)) & 3) as i8 - 1);
+                    *y = d * f32::from((((q >> (2 * s)) & 3) as i8).wrapping_sub(1));
                 }
             }
         }
@@ -79,7 +81,7 @@ mod tests {
     fn trits_read_the_encoders_digits() {
         // The encoder stores ceil(v * 256 / 243) for v = sum of digit_n * 3^(4-n).
         for v in 0u16..243 {
-            let q = ((v * 256 + 242) / 243) as u8;
+            let q = (v * 256).div_ceil(243) as u8;
             let mut rest = v;
             for n in (0..5).rev() {
                 let digit = rest % 3;
