@@ -1,8 +1,9 @@
 //! Every ggml type gguf-py 0.19 dequantizes, in a GGUF written by llama.cpp's
 //! own `llama-quantize` (issue 23 item 3): every tensor, through `rknot cat`
 //! and through a mount (both spellings of its file name), equals gguf-py's
-//! `gguf.quants.dequantize` of that file bit for bit, and `rknot inspect`
-//! calls none of them unsupported.
+//! `gguf.quants.dequantize` of that file bit for bit, `rknot inspect`
+//! calls none of them unsupported, and tools/independent_reader.py's own
+//! decoders agree with `rknot cat`.
 //!
 //! The model is tools/tiny_llama_gguf.py's: a random 2-layer llama-arch F32
 //! GGUF written by gguf-py's GGUFWriter whose matrix rows are 256 or 512
@@ -202,5 +203,14 @@ fn llama_quantize_types_read_bit_exact_like_gguf_py() {
             assert_eq!(sha256_hex(&bytes), r.sha256, "{file} ({}) differs from gguf-py", r.ty);
         }
     }
+    drop(m);
+
+    // And the independent Python reader (its own decoders) agrees with `rknot cat`.
+    run(Command::new("python3")
+        .arg(root().join("tools/independent_reader.py"))
+        .arg("check")
+        .arg(&model)
+        .arg("--rknot-bin")
+        .arg(rknot_bin()));
 }
 }
