@@ -66,6 +66,19 @@ TYPE_NAMES = {
     T.Q4_K: "q4_k",
     T.Q5_K: "q5_k",
     T.Q6_K: "q6_k",
+    T.IQ1_S: "iq1_s",
+    T.IQ1_M: "iq1_m",
+    T.IQ2_XXS: "iq2_xxs",
+    T.IQ2_XS: "iq2_xs",
+    T.IQ2_S: "iq2_s",
+    T.IQ3_XXS: "iq3_xxs",
+    T.IQ3_S: "iq3_s",
+    T.IQ4_NL: "iq4_nl",
+    T.IQ4_XS: "iq4_xs",
+    T.TQ1_0: "tq1_0",
+    T.TQ2_0: "tq2_0",
+    T.MXFP4: "mxfp4",
+    T.NVFP4: "nvfp4",
 }
 
 
@@ -316,6 +329,201 @@ def edge_vectors(w: Writer) -> None:
     )
 
 
+# The f16 super-scale of the types added in issue 23 that have one in two
+# plain bytes: its byte offset in the block.
+F16_SCALE_OFFSET = {
+    T.IQ1_S: 0,
+    T.IQ2_XXS: 0,
+    T.IQ2_XS: 0,
+    T.IQ2_S: 0,
+    T.IQ3_XXS: 0,
+    T.IQ3_S: 0,
+    T.IQ4_NL: 0,
+    T.IQ4_XS: 0,
+    T.TQ1_0: 52,  # after qs[48], qh[4]
+    T.TQ2_0: 64,  # after qs[64]
+}
+
+# Special f16 scales: +inf, -inf, signalling NaN, quiet NaN with payload,
+# max normal, min subnormal, negative zero.
+SPECIAL_SCALES = [0x7C00, 0xFC00, 0x7C01, 0xFE55, 0x7BFF, 0x0001, 0x8000]
+
+
+def set_f16_scales(qtype: T, blocks: np.ndarray, bits: np.ndarray) -> None:
+    """Store f16 super-scales (bit patterns, one per block) in place."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    if qtype == T.IQ1_M:
+        # The f16 is spread over the top nibbles of the four u16 at 48..56.
+        sc = blocks[:, 48:56].copy().view("<u2")
+        for i in range(4):
+            nib = (bits >> (4 * i)) & 0xF
+            sc[:, i] = (sc[:, i] & 0x0FFF) | (nib << 12)
+        blocks[:, 48:56] = sc.view(np.uint8)
+        return
+    off = F16_SCALE_OFFSET[qtype]
+    blocks[:, off : off + 2] = bits.astype("<u2").view(np.uint8).reshape(-1, 2)
+
+
+def finite_scales(rng: np.random.Generator, n: int) -> np.ndarray:
+    mag = 10.0 ** rng.uniform(-4.0, -1.0, size=n)
+    sign = rng.choice([-1.0, 1.0], size=n)
+    return (sign * mag).astype(np.float16).view(np.uint16)
+
+
+# Grid geometry of the lattice types: (grid rows, grid indices per block).
+GRID_TYPES = {
+    T.IQ1_S: (2048, 32),
+    T.IQ1_M: (2048, 32),
+    T.IQ2_XXS: (256, 32),
+    T.IQ2_XS: (512, 32),
+    T.IQ2_S: (1024, 32),
+    T.IQ3_XXS: (256, 64),
+    T.IQ3_S: (512, 64),
+}
+
+
+def set_grid_indices(qtype: T, blocks: np.ndarray, idx: np.ndarray) -> None:
+    """Store grid indices (n_blocks x indices per block) in place, leaving
+    every other bit as it was."""
+    idx = idx.astype(np.int64)
+    k = np.arange(idx.shape[1])
+    if qtype == T.IQ2_XXS:  # one byte each, 4 per 8-byte group
+        blocks[:, 2 + 8 * (k // 4) + k % 4] = idx
+    elif qtype == T.IQ2_XS:  # low 9 bits of 32 u16
+        q = blocks[:, 2:66].copy().view("<u2")
+        q[:] = (q & 0xFE00) | idx.astype(np.uint16)
+        blocks[:, 2:66] = q.view(np.uint8)
+    elif qtype == T.IQ2_S:  # low byte + 2 bits in qh[k / 4]
+        blocks[:, 2 + k] = idx & 0xFF
+        qh = blocks[:, 66:74].astype(np.int64)
+        for j in range(32):
+            sh = 2 * (j % 4)
+            qh[:, j // 4] = (qh[:, j // 4] & ~(3 << sh)) | (((idx[:, j] >> 8) & 3) << sh)
+        blocks[:, 66:74] = qh
+    elif qtype == T.IQ3_XXS:  # one byte each
+        blocks[:, 2 + k] = idx
+    elif qtype == T.IQ3_S:  # low byte + 1 bit in qh[k / 8]
+        blocks[:, 2 + k] = idx & 0xFF
+        qh = blocks[:, 66:74].astype(np.int64)
+        for j in range(64):
+            sh = j % 8
+            qh[:, j // 8] = (qh[:, j // 8] & ~(1 << sh)) | (((idx[:, j] >> 8) & 1) << sh)
+        blocks[:, 66:74] = qh
+    elif qtype == T.IQ1_S:  # low byte + 3 bits in the u16 qh[k / 4]
+        blocks[:, 2 + k] = idx & 0xFF
+        qh = blocks[:, 34:50].copy().view("<u2").astype(np.int64)
+        for j in range(32):
+            sh = 3 * (j % 4)
+            qh[:, j // 4] = (qh[:, j // 4] & ~(7 << sh)) | (((idx[:, j] >> 8) & 7) << sh)
+        blocks[:, 34:50] = qh.astype("<u2").view(np.uint8)
+    elif qtype == T.IQ1_M:  # low byte + 3 bits of the nibble k % 2 of qh[k / 2]
+        blocks[:, k] = idx & 0xFF
+        qh = blocks[:, 32:48].astype(np.int64)
+        for j in range(32):
+            sh = 4 * (j % 2)
+            qh[:, j // 2] = (qh[:, j // 2] & ~(7 << sh)) | (((idx[:, j] >> 8) & 7) << sh)
+        blocks[:, 32:48] = qh
+    else:
+        raise AssertionError(qtype)
+
+
+def random_blocks(rng: np.random.Generator, qtype: T, n_blocks: int) -> np.ndarray:
+    _, block_bytes = GGML_QUANT_SIZES[qtype]
+    return rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+
+
+def newer_type_vectors(w: Writer, rng: np.random.Generator) -> None:
+    """The types added in issue 23: random, every-grid-index and hostile
+    blocks (issue 23 item 3)."""
+    # Random bytes with finite log-uniform f16 scales (gguf-py quantizes
+    # none of the i-quants); for the types gguf-py does quantize, its
+    # blocks of weights-like data too.
+    for qtype in [*GRID_TYPES, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0]:
+        n = 64 if GGML_QUANT_SIZES[qtype][0] == 32 else 16
+        blocks = random_blocks(rng, qtype, n)
+        set_f16_scales(qtype, blocks, finite_scales(rng, n))
+        name = TYPE_NAMES[qtype]
+        w.add(
+            f"random_{name}",
+            qtype,
+            blocks.tobytes(),
+            f"random block bytes ({n} blocks), uniform except the f16 super-scale d,"
+            " finite with |d| log-uniform in [1e-4, 0.1] and random sign",
+        )
+    for qtype in (T.MXFP4, T.NVFP4):
+        blocks = random_blocks(rng, qtype, 64)
+        w.add(
+            f"random_{TYPE_NAMES[qtype]}",
+            qtype,
+            blocks.tobytes(),
+            "random block bytes (64 blocks), every byte uniform (the scales are"
+            " E8M0 / UE4M3 bytes: every value is a scale)",
+        )
+    for qtype in (T.TQ1_0, T.TQ2_0, T.MXFP4):
+        x = realistic_values(rng, 64, 256 if qtype != T.MXFP4 else 32)
+        raw = quantize(x.reshape(2, -1), qtype).tobytes()
+        w.add(
+            f"quantized_{TYPE_NAMES[qtype]}",
+            qtype,
+            raw,
+            f"weights-like data (as random_q4_0) quantized by gguf-py {qtype.name}",
+        )
+
+    # Every grid index, in order, the other bits random.
+    for qtype, (rows, per_block) in GRID_TYPES.items():
+        n = rows // per_block
+        blocks = random_blocks(rng, qtype, n)
+        set_grid_indices(qtype, blocks, np.arange(rows).reshape(n, per_block))
+        set_f16_scales(qtype, blocks, np.full(n, f16_bits(1.0)))
+        w.add(
+            f"grid_{TYPE_NAMES[qtype]}",
+            qtype,
+            blocks.tobytes(),
+            f"every grid index 0..{rows} in order ({n} blocks), d = 1.0, every other"
+            " bit random (scales, signs, shifts)",
+        )
+
+    # Hostile scales: infinities, NaNs, extremes. Blocks with an infinite
+    # scale get codes that make no zero factor (no inf * 0, whose NaN sign
+    # differs between x86 and Arm); NaN times anything is that NaN.
+    for qtype in [*GRID_TYPES, T.IQ4_NL, T.IQ4_XS, T.TQ1_0, T.TQ2_0]:
+        n = len(SPECIAL_SCALES)
+        blocks = random_blocks(rng, qtype, n)
+        if qtype == T.IQ4_XS:  # no sub-block scale code 32 (a zero factor)
+            sl = blocks[:, 4:8]
+            blocks[:, 4:8] = (sl & 0xF0) | ((sl & 0x0F) | 1)  # low nibble odd: never 32
+        if qtype == T.TQ1_0:  # every trit -1 or +1: digits 0 or 2
+            digits = rng.choice([0, 2], size=(n, 52, 5))
+            weights = np.array([81, 27, 9, 3, 1])
+            v = (digits * weights).sum(axis=-1)
+            v[:, 48:] = (digits[:, 48:, :4] * np.array([81, 27, 9, 3])).sum(axis=-1)
+            blocks[:, :52] = ((v * 256 + 242) // 243).astype(np.uint8)
+        if qtype == T.TQ2_0:  # codes 0, 2, 3: never 1 (zero)
+            codes = rng.choice([0, 2, 3], size=(n, 64, 4))
+            blocks[:, :64] = (codes << np.array([0, 2, 4, 6])).sum(axis=-1).astype(np.uint8)
+        set_f16_scales(qtype, blocks, SPECIAL_SCALES)
+        w.add(
+            f"edge_{TYPE_NAMES[qtype]}_special_scale",
+            qtype,
+            blocks.tobytes(),
+            "edge cases: f16 super-scale +inf, -inf, signalling NaN 0x7c01, quiet NaN"
+            " 0xfe55, 65504, smallest subnormal, -0; random codes, with no zero factor"
+            " where the scale is infinite. Decoded exactly as gguf-py does",
+        )
+
+    # MXFP4 / NVFP4: every scale byte.
+    blocks = random_blocks(rng, T.MXFP4, 256)
+    blocks[:, 0] = np.arange(256)
+    w.add("edge_mxfp4_every_scale", T.MXFP4, blocks.tobytes(),
+          "edge cases: every E8M0 scale byte 0..256 (subnormal halves at 0, 1; 2^127"
+          " at 255), random codes")
+    blocks = random_blocks(rng, T.NVFP4, 64)
+    blocks[:, 0:4] = np.arange(256).reshape(64, 4)
+    w.add("edge_nvfp4_every_scale", T.NVFP4, blocks.tobytes(),
+          "edge cases: every UE4M3 scale byte 0..256 (0x7f and 0x00 read as 0, bit 7"
+          " ignored), random codes")
+
+
 def model_manifest(reader: gguf.GGUFReader) -> dict:
     h = hashlib.sha256()
     with open(MODEL, "rb") as f:
@@ -400,6 +608,7 @@ def main() -> int:
     random_vectors(w, rng)
     kquant_vectors(w, rng)
     edge_vectors(w)
+    newer_type_vectors(w, np.random.default_rng(SEED + 2))
 
     missing = set(TYPE_NAMES.values()) - {e["type"] for e in w.entries}
     assert not missing, missing

@@ -129,7 +129,6 @@ OTHER_GGML_TYPES = {
     27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 34: ("TQ1_0", 256, 54),
     35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
 }
-NAME_TO_ID = {v[0].lower(): k for k, v in GGML_TYPES.items()}
 
 
 def _nibbles32(qs: np.ndarray) -> np.ndarray:
@@ -263,8 +262,195 @@ def dec_q6_k(b):
     return (d * scales[:, _E // 16].astype(F32)) * q.astype(F32)
 
 
+# ggml types added in issue 23: i-quants, ternary, 4-bit floats. Layouts as ggml's block
+# structs; the lattice grids are data that define the IQ formats, taken from gguf-py's tables
+# (the only thing used from it; without gguf-py these types are listed as not decoded).
+
+def _u16_at(b, off):
+    return b[:, off].astype(np.uint32) | (b[:, off + 1].astype(np.uint32) << 8)
+
+
+def _u32_at(b, off):
+    return _u16_at(b, off) | (_u16_at(b, off + 2) << 16)
+
+
+def _cols(b, offs):
+    """b[:, offs] as int64 (offs: an index array, per element)."""
+    return b[:, offs].astype(np.int64)
+
+
+# 7 sign bits + an eighth that makes the count of set bits even.
+_KSIGNS = np.array([k | ((bin(k).count("1") & 1) << 7) for k in range(128)], dtype=np.int64)
+_PLUS_MINUS = np.array([1.0, -1.0], dtype=F32)
+_IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                       dtype=F32)
+_E2M1_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=F32)
+_GRIDS = {}
+
+
+def _grid(name):
+    if name not in _GRIDS:
+        from gguf import quants
+        cls = getattr(quants, name)
+        cls.init_grid()
+        _GRIDS[name] = np.asarray(cls.grid, dtype=F32).reshape(cls.grid_shape)
+    return _GRIDS[name]
+
+
+def _f16_col(bits):
+    return f16_bits_to_f32(bits.astype(np.uint16))
+
+
+def _iq2_scale(d, s):
+    return d * (F32(0.5) + s.astype(F32)) * F32(0.25)
+
+
+def dec_iq2_xxs(b):
+    d = _f16_field(b, 0)
+    g, l, j = _E // 32, (_E % 32) // 8, _E % 8
+    aux = np.stack([_u32_at(b, 2 + 8 * i + 4) for i in range(8)], axis=1).astype(np.int64)[:, g]
+    idx = _cols(b, 2 + 8 * g + l)
+    neg = (_KSIGNS[(aux >> (7 * l)) & 127] >> j) & 1
+    return _iq2_scale(d, aux >> 28) * _grid("IQ2_XXS")[idx, j] * _PLUS_MINUS[neg]
+
+
+def dec_iq2_xs(b):
+    d = _f16_field(b, 0)
+    k, s, j = _E // 8, _E // 16, _E % 8
+    q = np.stack([_u16_at(b, 2 + 2 * i) for i in range(32)], axis=1).astype(np.int64)[:, k]
+    sc = (_cols(b, 66 + s // 2) >> (4 * (s % 2))) & 15
+    neg = (_KSIGNS[q >> 9] >> j) & 1
+    return _iq2_scale(d, sc) * _grid("IQ2_XS")[q & 511, j] * _PLUS_MINUS[neg]
+
+
+def dec_iq2_s(b):
+    d = _f16_field(b, 0)
+    k, s, j = _E // 8, _E // 16, _E % 8
+    idx = _cols(b, 2 + k) | (((_cols(b, 66 + k // 4) >> (2 * (k % 4))) & 3) << 8)
+    neg = (_cols(b, 34 + k) >> j) & 1
+    sc = (_cols(b, 74 + s // 2) >> (4 * (s % 2))) & 15
+    return _iq2_scale(d, sc) * _grid("IQ2_S")[idx, j] * _PLUS_MINUS[neg]
+
+
+def dec_iq3_xxs(b):
+    d = _f16_field(b, 0)
+    ib, l = _E // 32, (_E % 32) // 8
+    aux = np.stack([_u32_at(b, 66 + 4 * i) for i in range(8)], axis=1).astype(np.int64)[:, ib]
+    db = d * (F32(0.5) + (aux >> 28).astype(F32)) * F32(0.5)
+    neg = (_KSIGNS[(aux >> (7 * l)) & 127] >> (_E % 8)) & 1
+    return db * _grid("IQ3_XXS")[_cols(b, 2 + _E // 4), _E % 4] * _PLUS_MINUS[neg]
+
+
+def dec_iq3_s(b):
+    d = _f16_field(b, 0)
+    k, ib = _E // 4, _E // 32
+    idx = _cols(b, 2 + k) | (((_cols(b, 66 + k // 8) >> (k % 8)) & 1) << 8)
+    neg = (_cols(b, 74 + _E // 8) >> (_E % 8)) & 1
+    sc = (_cols(b, 106 + ib // 2) >> (4 * (ib % 2))) & 15
+    db = d * (1 + 2 * sc).astype(F32)
+    return db * _grid("IQ3_S")[idx, _E % 4] * _PLUS_MINUS[neg]
+
+
+def _iq1(dl, idx, delta_neg):
+    delta = np.where(delta_neg != 0, F32(-0.125), F32(0.125)).astype(F32)
+    return dl * (_grid("IQ1_S")[idx, _E % 8] + delta)
+
+
+def dec_iq1_s(b):
+    d = _f16_field(b, 0)
+    ib, l = _E // 32, (_E % 32) // 8
+    qh = np.stack([_u16_at(b, 34 + 2 * i) for i in range(8)], axis=1).astype(np.int64)[:, ib]
+    idx = _cols(b, 2 + 4 * ib + l) | (((qh >> (3 * l)) & 7) << 8)
+    dl = d * (2 * ((qh >> 12) & 7) + 1).astype(F32)
+    return _iq1(dl, idx, qh & 0x8000)
+
+
+def dec_iq1_m(b):
+    sc = [_u16_at(b, 48 + 2 * i) for i in range(4)]
+    bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0xF0) | ((sc[2] >> 4) & 0xF00) | (sc[3] & 0xF000)
+    d = _f16_col(bits)[:, None]
+    k, s = _E // 8, _E // 16
+    scs = np.stack(sc, axis=1).astype(np.int64)[:, s // 4]
+    dl = d * (2 * ((scs >> (3 * (s % 4))) & 7) + 1).astype(F32)
+    nib = (_cols(b, 32 + k // 2) >> (4 * (k % 2))) & 15
+    idx = _cols(b, k) | ((nib & 7) << 8)
+    return _iq1(dl, idx, nib & 8)
+
+
+_E32 = np.arange(32)
+
+
+def dec_iq4_nl(b):
+    d = _f16_field(b, 0)
+    q = (_cols(b, 2 + _E32 % 16) >> (4 * (_E32 // 16))) & 15
+    return d * _IQ4_VALUES[q]
+
+
+def dec_iq4_xs(b):
+    d = _f16_field(b, 0)
+    ib = _E // 32
+    low = (_cols(b, 4 + ib // 2) >> (4 * (ib % 2))) & 15
+    high = (_u16_at(b, 2).astype(np.int64)[:, None] >> (2 * ib)) & 3
+    dl = d * ((low | (high << 4)) - 32).astype(F32)
+    q = (_cols(b, 8 + 16 * ib + _E % 16) >> (4 * ((_E % 32) // 16))) & 15
+    return dl * _IQ4_VALUES[q]
+
+
+# TQ1_0: element e is base-3 digit n of byte `byte` (digit read as the top after * 3^n mod 256).
+_TQ1_BYTE = np.concatenate([_E[:160] % 32, 32 + (_E[160:240] - 160) % 16, 48 + (_E[240:] - 240) % 4])
+_TQ1_DIGIT = np.concatenate([_E[:160] // 32, (_E[160:240] - 160) // 16, (_E[240:] - 240) // 4])
+
+
+def dec_tq1_0(b):
+    d = _f16_field(b, 52)
+    q = (_cols(b, _TQ1_BYTE) * (3 ** _TQ1_DIGIT)) & 255
+    return d * (((q * 3) >> 8) - 1).astype(F32)
+
+
+def dec_tq2_0(b):
+    d = _f16_field(b, 64)
+    q = (_cols(b, 32 * (_E // 128) + _E % 32) >> (2 * ((_E % 128) // 32))) & 3
+    return d * (q - 1).astype(F32)
+
+
+def dec_mxfp4(b):
+    e = b[:, 0].astype(np.uint32)
+    # Half of 2^(e - 127): 2^(e - 128), built from its bits (subnormal for e < 2).
+    d = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << 23).astype(np.uint32)
+    d = d.view(np.float32)[:, None]
+    q = (_cols(b, 1 + _E32 % 16) >> (4 * (_E32 // 16))) & 15
+    return d * _E2M1_DOUBLED[q]
+
+
+_E64 = np.arange(64)
+
+
+def dec_nvfp4(b):
+    x = _cols(b, _E64 // 16)
+    exp, man = (x >> 3) & 15, x & 7
+    # Half the unsigned E4M3 scale; 0x00 and 0x7f (its NaN) read as 0; exact in float32.
+    half = np.where(exp == 0, man * 2.0 ** -10, (8 + man) * np.exp2(exp - 11.0))
+    d = np.where((x == 0) | (x == 0x7F), 0.0, half).astype(F32)
+    q = (_cols(b, 4 + 8 * (_E64 // 16) + _E64 % 8) >> (4 * ((_E64 % 16) // 8))) & 15
+    return d * _E2M1_DOUBLED[q]
+
+
 BLOCK_DECODERS = {2: dec_q4_0, 3: dec_q4_1, 6: dec_q5_0, 7: dec_q5_1, 8: dec_q8_0,
-                  10: dec_q2_k, 11: dec_q3_k, 12: dec_q4_k, 13: dec_q5_k, 14: dec_q6_k}
+                  10: dec_q2_k, 11: dec_q3_k, 12: dec_q4_k, 13: dec_q5_k, 14: dec_q6_k,
+                  20: dec_iq4_nl, 23: dec_iq4_xs, 34: dec_tq1_0, 35: dec_tq2_0, 39: dec_mxfp4,
+                  40: dec_nvfp4}
+# The lattice types need gguf-py's grids.
+_GRID_DECODERS = {16: dec_iq2_xxs, 17: dec_iq2_xs, 18: dec_iq3_xxs, 19: dec_iq1_s, 21: dec_iq3_s,
+                  22: dec_iq2_s, 29: dec_iq1_m}
+try:
+    import gguf.quants  # noqa: F401
+    BLOCK_DECODERS.update(_GRID_DECODERS)
+except ImportError:
+    pass
+for _tid in list(OTHER_GGML_TYPES):
+    if _tid in BLOCK_DECODERS:
+        GGML_TYPES[_tid] = OTHER_GGML_TYPES.pop(_tid)
+NAME_TO_ID = {v[0].lower(): k for k, v in GGML_TYPES.items()}
 
 
 def decode_ggml(type_id: int, raw: bytes, n: int) -> np.ndarray:

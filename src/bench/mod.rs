@@ -28,6 +28,7 @@ use crate::backend::{self, Backend};
 
 mod checksums;
 mod http_server;
+mod kernels;
 mod passthrough;
 mod remote;
 mod verdict;
@@ -37,6 +38,7 @@ use crate::format::sk32::write_sk32;
 use crate::quant::GgmlType;
 use crate::synth::{self, Rng};
 pub use checksums::{checksums_bench, strip_checksums};
+pub use kernels::kernels_bench;
 pub use remote::{RemoteBenchOpts, remote_bench};
 
 use crate::progress::{Meter, Unit};

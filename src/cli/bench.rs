@@ -81,6 +81,17 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 5, value_parser = at_least_1)]
         rounds: usize,
     },
+    /// Dequantization throughput of every ggml type rknot decodes (one
+    /// thread, random blocks), in GB/s of f32 produced and against a memcpy
+    /// of as many f32 bytes measured in the same run.
+    Kernels {
+        /// MiB of f32 each type decodes per round, at least 1.
+        #[arg(long, default_value_t = 16, value_parser = at_least_1_u64)]
+        size_mb: u64,
+        /// Interleaved rounds, at least 1 (medians are reported).
+        #[arg(long, default_value_t = 7, value_parser = at_least_1)]
+        rounds: usize,
+    },
 }
 
 impl BenchCmd {
@@ -132,6 +143,10 @@ impl BenchCmd {
             }
             BenchCmd::Checksums { file, dir, rounds } => {
                 let report = crate::bench::checksums_bench(&file, &dir, rounds, mode)?;
+                write_stdout(report.as_bytes())
+            }
+            BenchCmd::Kernels { size_mb, rounds } => {
+                let report = crate::bench::kernels_bench(size_mb, rounds, mode)?;
                 write_stdout(report.as_bytes())
             }
         }

@@ -149,16 +149,12 @@ impl<'a> BlockQ6K<'a> {
     }
 }
 
-/// Pairs each source super-block with its 256 output values. The caller
-/// guarantees equal block counts; `zip` stops at the shorter side regardless.
+/// Pairs each source super-block with its 256 output values ([`super::blocks`]).
 fn blocks<'s, 'o, const B: usize>(
     src: &'s [u8],
     out: &'o mut [f32],
 ) -> impl Iterator<Item = (&'s [u8; B], &'o mut [f32; QK_K])> {
-    src.as_chunks::<B>()
-        .0
-        .iter()
-        .zip(out.as_chunks_mut::<QK_K>().0.iter_mut())
+    super::blocks::<B, QK_K>(src, out)
 }
 
 /// The 6-bit (scale, min) pair of sub-block `j` of Q4_K and Q5_K: sub-blocks

@@ -106,16 +106,12 @@ impl<'a> BlockQ8_0<'a> {
     }
 }
 
-/// Pairs each source block with its 32 output values. The caller guarantees
-/// equal block counts; `zip` stops at the shorter side regardless.
+/// Pairs each source block with its 32 output values ([`super::blocks`]).
 fn blocks<'s, 'o, const B: usize>(
     src: &'s [u8],
     out: &'o mut [f32],
 ) -> impl Iterator<Item = (&'s [u8; B], &'o mut [f32; QK])> {
-    src.as_chunks::<B>()
-        .0
-        .iter()
-        .zip(out.as_chunks_mut::<QK>().0.iter_mut())
+    super::blocks::<B, QK>(src, out)
 }
 
 /// The two 16-element halves of a block's output, numbered `k`: half `k`

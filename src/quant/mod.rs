@@ -5,15 +5,20 @@
 //! float operation is done in f32, in the same order, without fused
 //! multiply-add. `tests/ggml_vectors.rs` checks them on committed vectors.
 //!
-//! Each family of types is a module (`float`, `legacy`, `kquants`) whose
+//! Each family of types is a module (`float`, `legacy`, `kquants`,
+//! `iquants` with its tables in `iq_grids`, `ternary`, `fp4`) whose
 //! `KERNELS` table gives each type it decodes its kernel; [`dequantize`]
 //! finds it through `FAMILIES`, so a new family is a new module and a line
 //! there.
 
 mod f8;
 mod float;
+mod fp4;
+mod iq_grids;
+mod iquants;
 mod kquants;
 mod legacy;
+mod ternary;
 
 pub use float::{bf16_bits_to_f32, f16_bits_to_f32};
 
@@ -130,6 +135,19 @@ pub const DECODABLE: &[GgmlType] = &[
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Iq1S,
+    GgmlType::Iq1M,
+    GgmlType::Iq2Xxs,
+    GgmlType::Iq2Xs,
+    GgmlType::Iq2S,
+    GgmlType::Iq3Xxs,
+    GgmlType::Iq3S,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+    GgmlType::Tq1_0,
+    GgmlType::Tq2_0,
+    GgmlType::Mxfp4,
+    GgmlType::Nvfp4,
 ];
 
 impl GgmlType {
@@ -260,8 +278,24 @@ const FAMILIES: &[Kernels] = &[
     float::KERNELS,
     legacy::KERNELS,
     kquants::KERNELS,
+    iquants::KERNELS,
+    ternary::KERNELS,
+    fp4::KERNELS,
     f8::KERNELS,
 ];
+
+/// Pairs each `B`-byte source block with its `E` output values. The caller
+/// guarantees equal block counts; `zip` stops at the shorter side
+/// regardless, so no index is ever out of bounds.
+fn blocks<'s, 'o, const B: usize, const E: usize>(
+    src: &'s [u8],
+    out: &'o mut [f32],
+) -> impl Iterator<Item = (&'s [u8; B], &'o mut [f32; E])> {
+    src.as_chunks::<B>()
+        .0
+        .iter()
+        .zip(out.as_chunks_mut::<E>().0.iter_mut())
+}
 
 /// The kernel of `ty`, if this crate decodes it.
 fn kernel(ty: GgmlType) -> Option<Kernel> {
@@ -362,8 +396,8 @@ mod tests {
         assert!(dequantize(GgmlType::Q8_0, &[0u8; 34], &mut out).is_err());
         let mut out = vec![0f32; 256];
         assert_eq!(
-            dequantize(GgmlType::Iq2Xxs, &[0u8; 66], &mut out),
-            Err(KernelError::Unsupported(GgmlType::Iq2Xxs))
+            dequantize(GgmlType::Q8K, &[0u8; 292], &mut out),
+            Err(KernelError::Unsupported(GgmlType::Q8K))
         );
     }
 }
