@@ -603,7 +603,9 @@ pub fn verify(encoded: &Path, dense: Option<&Path>, mode: Mode) -> Result<Report
         ParsedFile::Rknot(src, _) | ParsedFile::Sk32(src, _) => (src.len(), true),
         ParsedFile::DenseKnot(src, _) => (src.len(), false),
         // No checksums, nothing stored but ggml blocks.
-        ParsedFile::Gguf(..) | ParsedFile::GgufSplit(..) | ParsedFile::Safetensors(..) => (0, false),
+        ParsedFile::Gguf(..) | ParsedFile::GgufSplit(..) | ParsedFile::Safetensors(..) => {
+            (0, false)
+        }
     };
     let scan_weight = file_len.saturating_mul(SCAN_WEIGHT);
     let struct_weight = if structured { scan_weight } else { 0 };

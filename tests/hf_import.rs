@@ -260,8 +260,81 @@ fn metadata_equals_the_converters() {
         assert_eq!(ours.arch.map(|a| a.name()), Some(name));
         let theirs = gguf_md(&work.path().join(format!("{name}.gguf")));
         compare(name, &ours, &theirs);
+        same_model_as_the_converters(
+            name,
+            &work.path().join(name),
+            &work.path().join(format!("{name}.gguf")),
+        );
     }
 }
+}
+
+/// The checkpoint served as a source and the converter's f32 GGUF of it
+/// are one model: the same tensors under the same names and shapes, every
+/// value bit for bit (llama's Q/K rows in the converter's order), and the
+/// probe's forward pass gives the same report on both.
+fn same_model_as_the_converters(name: &str, checkpoint: &Path, converted: &Path) {
+    use rknot::backend::{Role, open_single};
+    let ours = open_single(checkpoint, Role::Primary).unwrap();
+    let theirs = open_single(converted, Role::Primary).unwrap();
+    let names = |b: &dyn rknot::backend::Backend| {
+        let mut v: Vec<(String, Vec<u64>)> = b
+            .tensors()
+            .entries()
+            .iter()
+            .map(|t| (t.name.dot.clone(), t.shape.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(ours.as_ref()),
+        names(theirs.as_ref()),
+        "{name}: tensors"
+    );
+    for (i, t) in theirs.tensors().entries().iter().enumerate() {
+        let j = ours.tensors().get(&t.name.dot).unwrap();
+        let n = t.n_elements as usize;
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        theirs.read_f32(i, 0, &mut a).unwrap();
+        ours.read_f32(j, 0, &mut b).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(&a) == bits(&b),
+            "{name}: {} differs from the converter's",
+            t.name.dot
+        );
+    }
+    let probe = |path: &Path| {
+        let o = Command::new(rknot_bin())
+            .args([
+                "probe",
+                path.to_str().unwrap(),
+                "--tokens",
+                "1,2,3,4",
+                "--top",
+                "5",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{name} probe: {text}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        // The candidates and their scores, not the lines naming the file.
+        text.lines()
+            .skip_while(|l| !l.trim_start().starts_with("rank"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (a, b) = (probe(checkpoint), probe(converted));
+    assert!(!a.is_empty(), "{name}: the probe printed no candidates");
+    assert_eq!(
+        a, b,
+        "{name}: the probe differs between the checkpoint and the converter's GGUF"
+    );
 }
 
 needs! { [model, fuse]
