@@ -335,6 +335,47 @@ fn same_model_as_the_converters(name: &str, checkpoint: &Path, converted: &Path)
         a, b,
         "{name}: the probe differs between the checkpoint and the converter's GGUF"
     );
+    // The calibrated encoder runs the same forward pass over text: it takes
+    // the checkpoint as it takes a GGUF, and its output verifies against it
+    // (a generous --target-bpw: the 49k-token f32 vocabulary of a 64-wide
+    // model is most of its bytes).
+    let out = tempfile::tempdir().unwrap();
+    let text = out.path().join("calibration.txt");
+    std::fs::write(
+        &text,
+        "The capital of France is Paris. 12 + 30 = 42.\n".repeat(40),
+    )
+    .unwrap();
+    let rk = out.path().join("m.rknot");
+    for args in [
+        &[
+            "encode",
+            "rknot",
+            "--no-progress",
+            checkpoint.to_str().unwrap(),
+            "--calibrate",
+            text.to_str().unwrap(),
+            "--calibration-ctx",
+            "64",
+            "--target-bpw",
+            "12",
+            "--out",
+            rk.to_str().unwrap(),
+        ][..],
+        &[
+            "verify",
+            rk.to_str().unwrap(),
+            "--dense",
+            checkpoint.to_str().unwrap(),
+        ][..],
+    ] {
+        let o = run_rknot(args);
+        assert!(
+            o.status.success(),
+            "{name} {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }
 
 needs! { [model, fuse]
