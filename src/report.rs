@@ -141,27 +141,43 @@ struct Totals {
 
 impl Totals {
     fn of(b: &dyn Backend) -> Totals {
+        // One share per source as the user named it (a set of files, such
+        // as a split GGUF or a sharded checkpoint, is one source: its
+        // tensors' origin is the set's path, its bytes every file's).
+        let len = |files: Vec<&crate::source::SourceFile>| {
+            files.iter().fold(0u64, |a, f| a.saturating_add(f.len()))
+        };
+        let fallback = b.fallback_backend();
+        let fallback_bytes = fallback.as_ref().map_or(0, |f| len(f.source_files()));
+        let mut files = vec![FileShare {
+            path: b.summary().path.clone(),
+            bytes: len(b.source_files()).saturating_sub(fallback_bytes),
+            parameters: 0,
+        }];
+        if let Some(s) = b.fallback_summary() {
+            files.push(FileShare {
+                path: s.path.clone(),
+                bytes: fallback_bytes,
+                parameters: 0,
+            });
+        }
         let mut t = Totals {
             available: 0,
             stored: 0,
             served: 0,
             elements: 0,
-            files: b
-                .source_files()
-                .into_iter()
-                .map(|f| FileShare {
-                    path: f.path().to_path_buf(),
-                    bytes: f.len(),
-                    parameters: 0,
-                })
-                .collect(),
+            files,
         };
         for i in b.tensors().entries().iter().filter(|t| t.is_available()) {
             t.available += 1;
             t.stored = t.stored.saturating_add(i.stored_bytes);
             t.served = t.served.saturating_add(i.served_bytes());
             t.elements = t.elements.saturating_add(i.n_elements);
-            if let Some(f) = t.files.iter_mut().find(|f| *f.path == **i.origin.path) {
+            let share = match i.origin.role {
+                crate::backend::Role::Fallback => t.files.get_mut(1),
+                _ => t.files.first_mut(),
+            };
+            if let Some(f) = share {
                 f.parameters = f.parameters.saturating_add(i.n_elements);
             }
         }

@@ -219,6 +219,9 @@ fn the_cli_takes_a_split_set() {
     assert_eq!(v["parameters"], v1["parameters"], "{v}");
     let set_bytes: u64 = shards.iter().map(|s| s.metadata().unwrap().len()).sum();
     assert_eq!(v["file_bytes"].as_u64(), Some(set_bytes), "{v}");
+    // inspect's size counts every shard's bytes over the set's parameters.
+    assert_eq!(b["source"]["file_bytes"].as_u64(), Some(set_bytes), "{}", b["source"]);
+    assert_eq!(b["source"]["parameters"], a["source"]["parameters"], "{}", b["source"]);
     // manifest: every shard's lines (whole, header, its tensors), which
     // verify --manifest and sha256sum -c accept.
     let sums = dir.path().join("smol.sums");
