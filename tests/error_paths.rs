@@ -838,7 +838,7 @@ fn write_knot_with_err(tensors: &[(&str, GgmlType, &[u64])]) -> Error {
 
 #[test]
 fn write_knot_with_refuses_a_type_dense_knot_cannot_store() {
-    let e = write_knot_with_err(&[("blk.0.attn_q.weight", GgmlType::Iq2Xxs, &[256])]);
+    let e = write_knot_with_err(&[("blk.0.attn_q.weight", GgmlType::Q8K, &[256])]);
     check_writer(
         &e,
         ErrorKind::UnsupportedType,
