@@ -46,18 +46,6 @@ pub struct Checkpoint {
     pub notes: Vec<String>,
 }
 
-/// The path of file `name` next to `of` (a local path or a URL; a URL's
-/// query string is not carried over: a presigned URL signs one object).
-pub fn sibling(of: &Path, name: &str) -> PathBuf {
-    let s = of.to_string_lossy();
-    if crate::source::is_remote(&s) {
-        let base = s.split(['?', '#']).next().unwrap_or("");
-        let dir = base.rsplit_once('/').map_or(base, |(d, _)| d);
-        return PathBuf::from(format!("{dir}/{name}"));
-    }
-    of.parent().unwrap_or(Path::new("")).join(name)
-}
-
 /// A checkpoint from one `.safetensors` file. A file named as a shard
 /// (`model-00001-of-00003.safetensors`) opens the whole checkpoint when
 /// its index is beside it (and is refused when not: one shard is a
@@ -65,14 +53,14 @@ pub fn sibling(of: &Path, name: &str) -> PathBuf {
 pub fn open_single(src: SourceFile) -> Result<Checkpoint> {
     let name = file_name(&src);
     if let Some(stem) = shard_stem(&name) {
-        let index_path = sibling(src.path(), &format!("{stem}{INDEX_SUFFIX}"));
-        let index = SourceFile::open(&index_path).map_err(|e| {
+        let index_name = format!("{stem}{INDEX_SUFFIX}");
+        let index = src.open_sibling(&index_name).map_err(|e| {
             err(
                 ErrorKind::BadValue,
                 format!(
-                    "{name} is one shard of a sharded checkpoint, and its index {} could not be \
-                     opened ({}): open the index (or the directory) to serve the whole model",
-                    index_path.display(),
+                    "{name} is one shard of a sharded checkpoint, and its index {index_name} \
+                     beside it could not be opened ({}): open the index (or the directory) to \
+                     serve the whole model",
                     e.message()
                 ),
             )
@@ -81,7 +69,7 @@ pub fn open_single(src: SourceFile) -> Result<Checkpoint> {
         return open_index(index);
     }
     let header = SafetensorsFile::read(&src)?;
-    let mut c = with_side_files(src.path(), CheckpointKind::Single)?;
+    let mut c = with_side_files(&src, CheckpointKind::Single)?;
     c.shards.push((src, header));
     Ok(c)
 }
@@ -99,11 +87,10 @@ fn shard_stem(name: &str) -> Option<&str> {
 /// and each tensor found in the shard the index says, exactly once.
 pub fn open_index(src: SourceFile) -> Result<Checkpoint> {
     let Index { weight_map, shards } = index::read(&src)?;
-    let mut c = with_side_files(src.path(), CheckpointKind::Sharded)?;
+    let mut c = with_side_files(&src, CheckpointKind::Sharded)?;
     let mut opened = Vec::with_capacity(shards.len());
     for name in &shards {
-        let path = sibling(src.path(), name);
-        let f = SourceFile::open(&path).map_err(|e| {
+        let f = src.open_sibling(name).map_err(|e| {
             err(
                 e.kind(),
                 format!(
@@ -111,7 +98,7 @@ pub fn open_index(src: SourceFile) -> Result<Checkpoint> {
                     e.message()
                 ),
             )
-            .path(&path)
+            .path(&src.path().with_file_name(name))
         })?;
         let header = SafetensorsFile::read(&f)?;
         opened.push((f, header));
@@ -163,18 +150,18 @@ pub fn open_index(src: SourceFile) -> Result<Checkpoint> {
     Ok(c)
 }
 
-/// The checkpoint's description files next to `of`, those present.
-fn with_side_files(of: &Path, kind: CheckpointKind) -> Result<Checkpoint> {
+/// The checkpoint's description files next to `of`, those present (each
+/// opened as `of` was: a remote one with the same options).
+fn with_side_files(of: &SourceFile, kind: CheckpointKind) -> Result<Checkpoint> {
     let mut notes = Vec::new();
     let mut absent = Vec::new();
     let mut side = |name: &str| -> Result<Option<SideFile>> {
-        let path = sibling(of, name);
-        let remote = crate::source::is_remote(&path.to_string_lossy());
-        if !remote && !path.exists() {
+        let remote = crate::source::is_remote(&of.path().to_string_lossy());
+        if !remote && !of.path().with_file_name(name).exists() {
             absent.push(name.to_string());
             return Ok(None);
         }
-        let file = match SourceFile::open(&path) {
+        let file = match of.open_sibling(name) {
             Ok(f) => f,
             // A remote listing is not asked for: a file that does not
             // open is taken as absent, and said so.

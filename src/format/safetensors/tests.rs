@@ -1,6 +1,3 @@
-use std::path::Path;
-
-use super::checkpoint::sibling;
 use super::index::check_shard_name;
 use super::*;
 
@@ -18,35 +15,6 @@ fn dtype_table_is_consistent() {
         assert!(d.element().unwrap_err().contains("not weights"), "{d}");
     }
     assert_eq!(Dtype::F8E4M3.element(), Ok(GgmlType::F8E4M3));
-}
-
-#[test]
-fn siblings_are_named_next_to_the_file_or_url() {
-    assert_eq!(
-        sibling(
-            Path::new("/m/ckpt/model.safetensors.index.json"),
-            "config.json"
-        ),
-        Path::new("/m/ckpt/config.json")
-    );
-    assert_eq!(
-        sibling(Path::new("model.safetensors"), "config.json"),
-        Path::new("config.json")
-    );
-    assert_eq!(
-        sibling(
-            Path::new("https://h/org/m/resolve/main/model.safetensors?x=1"),
-            "a.json"
-        ),
-        Path::new("https://h/org/m/resolve/main/a.json")
-    );
-    assert_eq!(
-        sibling(
-            Path::new("s3://b/p/q/model.safetensors.index.json"),
-            "s-1.safetensors"
-        ),
-        Path::new("s3://b/p/q/s-1.safetensors")
-    );
 }
 
 #[test]
