@@ -2,7 +2,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -11,16 +10,6 @@ use std::time::{Duration, Instant};
 use common::mount::{MountGuard, Mounted, fuse_available, is_mounted, mount_bin};
 use common::users::test_user;
 use common::*;
-
-/// Write one command to ctl; Err(errno) when the write is refused.
-fn command(m: &Mounted, line: &str) -> Result<(), i32> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(m.path("ctl"))
-        .unwrap();
-    f.write_all(format!("{line}\n").as_bytes())
-        .map_err(|e| e.raw_os_error().unwrap_or(0))
-}
 
 needs! { [model, fuse]
 fn jobs_progress_cancel_and_validation() {
@@ -39,7 +28,7 @@ fn jobs_progress_cancel_and_validation() {
         ],
     );
     // Start a job; its progress advances and it finishes.
-    command(&m, "encode sk32 rank=8 out=s8.sk32").unwrap();
+    m.command("encode sk32 rank=8 out=s8.sk32").unwrap();
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -71,7 +60,7 @@ fn jobs_progress_cancel_and_validation() {
 
     // Overwrite refusal, then allowed with overwrite=1.
     assert_eq!(
-        command(&m, "encode sk32 rank=8 out=s8.sk32"),
+        m.command("encode sk32 rank=8 out=s8.sk32"),
         Err(libc::EINVAL)
     );
     assert!(m.ctl().contains("exists"), "{}", m.ctl());
@@ -86,15 +75,15 @@ fn jobs_progress_cancel_and_validation() {
         ("format c:", "unknown command"),
         ("cancel 99", "no such job"),
     ] {
-        assert_eq!(command(&m, line), Err(libc::EINVAL), "{line}");
+        assert_eq!(m.command(line), Err(libc::EINVAL), "{line}");
         let last = m.last_error();
         assert!(last.contains(reason), "{line}: {last}");
     }
     assert!(!Path::new("/etc/x").exists());
 
     // Two jobs at once, reads continuing; then cancel the slow one.
-    command(&m, "encode rknot profile=faithful out=f.rknot").unwrap();
-    command(&m, "encode knot out=k.knot").unwrap();
+    m.command("encode rknot profile=faithful out=f.rknot").unwrap();
+    m.command("encode knot out=k.knot").unwrap();
     m.wait_job(2, &["running"], 30);
     let reads_before = m.ctl_json()["reads"]["total"].as_u64().unwrap();
     for t in [
@@ -102,12 +91,12 @@ fn jobs_progress_cancel_and_validation() {
         "blk.9.attn_q.weight.f32",
         "token_embd.weight.f32",
     ] {
-        command(&m, "drop-cache").unwrap();
+        m.command("drop-cache").unwrap();
         let bytes = std::fs::read(m.path(t)).unwrap();
         assert!(!bytes.is_empty());
     }
     assert!(m.ctl_json()["reads"]["total"].as_u64().unwrap() > reads_before);
-    command(&m, "cancel 2").unwrap_or_else(|e| panic!("cancel 2: {e}\n{}", m.ctl()));
+    m.command("cancel 2").unwrap_or_else(|e| panic!("cancel 2: {e}\n{}", m.ctl()));
     let j = m.wait_job(2, &["cancelled", "done", "failed"], 60);
     assert_eq!(j["state"], "cancelled", "{j}");
     assert_eq!(m.wait_job(3, &["done", "failed"], 120)["state"], "done");
@@ -130,7 +119,7 @@ fn unmount_and_kill_leave_no_output() {
     for kill in [false, true] {
         let out = tempfile::tempdir().unwrap();
         let mut m = Mounted::new(&model, &["--jobs-dir", out.path().to_str().unwrap()]);
-        command(&m, "encode rknot profile=faithful out=x.rknot").unwrap();
+        m.command("encode rknot profile=faithful out=x.rknot").unwrap();
         m.wait_job(1, &["running"], 30);
         std::thread::sleep(Duration::from_millis(500));
         if kill {
@@ -263,8 +252,8 @@ fn job_outputs_get_at_most_the_sources_mode() {
             args.extend(["--dense", fb.to_str().unwrap()]);
         }
         let m = Mounted::new(&src, &args);
-        command(&m, "encode knot out=k.knot").unwrap();
-        command(&m, "encode sk32 rank=4 out=s.sk32").unwrap();
+        m.command("encode knot out=k.knot").unwrap();
+        m.command("encode sk32 rank=4 out=s.sk32").unwrap();
         for (id, out) in [(1, "k.knot"), (2, "s.sk32")] {
             let j = m.wait_job(id, &["done", "failed", "cancelled"], 60);
             assert_eq!(j["state"], "done", "{j}");
@@ -304,14 +293,14 @@ fn jobs_never_replace_a_file_that_appears_or_another_jobs_output() {
     }
     let out = tempfile::tempdir().unwrap();
     let m = Mounted::new(&model, &["--jobs-dir", out.path().to_str().unwrap()]);
-    command(&m, "encode sk32 rank=8 out=a.sk32").unwrap();
-    command(&m, "encode sk32 rank=8 out=b.sk32").unwrap();
+    m.command("encode sk32 rank=8 out=a.sk32").unwrap();
+    m.command("encode sk32 rank=8 out=b.sk32").unwrap();
     for line in [
         "encode knot out=a.sk32",
         "encode knot out=a.sk32 overwrite=1",
         "encode sk32 rank=4 out=b.sk32 overwrite=1",
     ] {
-        assert_eq!(command(&m, line), Err(libc::EINVAL), "{line}");
+        assert_eq!(m.command(line), Err(libc::EINVAL), "{line}");
         let e = m.last_error();
         assert!(e.contains("already writes"), "{line}: {e}");
     }
@@ -383,7 +372,7 @@ fn jobs_never_overwrite_a_source_of_the_mount() {
         for name in names {
             for kind in ["knot", "sk32 rank=4"] {
                 let line = format!("encode {kind} out={name} overwrite=1");
-                assert_eq!(command(&m, &line), Err(libc::EINVAL), "{line}");
+                assert_eq!(m.command(&line), Err(libc::EINVAL), "{line}");
                 let e = m.last_error();
                 assert!(e.contains("same device and inode"), "{line}: {e}");
             }
@@ -415,8 +404,8 @@ fn jobs_read_the_mounted_file_not_the_path() {
     let other = dir.path().join("other.gguf");
     std::fs::copy(&smol, &other).unwrap();
     std::fs::rename(&other, &source).unwrap();
-    command(&m, "encode knot out=k.knot").unwrap();
-    command(&m, "encode sk32 rank=4 out=s.sk32").unwrap();
+    m.command("encode knot out=k.knot").unwrap();
+    m.command("encode sk32 rank=4 out=s.sk32").unwrap();
     for id in [1, 2] {
         let j = m.wait_job(id, &["done", "failed", "cancelled"], 300);
         assert_eq!(j["state"], "done", "{j}");
@@ -456,12 +445,12 @@ fn failed_commits_leave_nothing_and_long_names_work() {
         &["--jobs-dir", dir.path().to_str().unwrap()],
     );
     std::fs::create_dir(dir.path().join("d.knot")).unwrap();
-    command(&m, "encode knot out=d.knot overwrite=1").unwrap();
+    m.command("encode knot out=d.knot overwrite=1").unwrap();
     let j = m.wait_job(1, &["done", "failed", "cancelled"], 60);
     assert_eq!(j["state"], "failed", "{j}");
     assert_eq!(listing(dir.path()), ["d.knot"]);
     let long = "k".repeat(255);
-    command(&m, &format!("encode knot out={long}")).unwrap();
+    m.command(&format!("encode knot out={long}")).unwrap();
     let j = m.wait_job(2, &["done", "failed", "cancelled"], 60);
     assert_eq!(j["state"], "done", "{j}");
     assert_eq!(listing(dir.path()), ["d.knot", long.as_str()]);
@@ -480,23 +469,23 @@ fn job_list_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let m = Mounted::new(&model, &["--jobs-dir", dir.path().to_str().unwrap()]);
     // One long job keeps the others queued.
-    command(&m, "encode rknot profile=faithful out=slow.rknot").unwrap();
+    m.command("encode rknot profile=faithful out=slow.rknot").unwrap();
     m.wait_job(1, &["running"], 30);
     let mut next = 2u64;
     for round in 0..6 {
         let first = next;
         for _ in 0..16 {
-            command(&m, &format!("encode knot out=q{next}.knot"))
+            m.command(&format!("encode knot out=q{next}.knot"))
                 .unwrap_or_else(|e| panic!("round {round}, job {next}: {e}: {}", m.last_error()));
             next += 1;
         }
         assert_eq!(
-            command(&m, "encode knot out=one-too-many.knot"),
+            m.command("encode knot out=one-too-many.knot"),
             Err(libc::EINVAL)
         );
         assert!(m.last_error().contains("queued"), "{}", m.last_error());
         for id in first..next {
-            command(&m, &format!("cancel {id}")).unwrap();
+            m.command(&format!("cancel {id}")).unwrap();
         }
         let jobs = m.ctl_json()["jobs"].as_array().unwrap().len();
         assert!(jobs <= 1 + 64, "round {round}: {jobs} jobs listed");
@@ -515,7 +504,7 @@ fn job_list_is_bounded() {
     assert!(std::fs::read(m.path("jobs/2")).is_err(), "job 2 expired");
     assert!(m.ctl().contains(&format!("job {} cancelled", next - 1)));
     // Job 1 finishing makes it the oldest of 65 finished: it expires.
-    command(&m, "cancel 1").unwrap();
+    m.command("cancel 1").unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while m.ctl_json()["jobs"][0]["id"] == 1 {
         assert!(Instant::now() < deadline, "{}", m.ctl());
