@@ -209,7 +209,9 @@ pub fn ggml_blocks(ty: GgmlType, n: u64, std: f32, rng: &mut Rng) -> Vec<u8> {
                 out.extend(blk);
             }
         }
-        // Types rknot does not decode get zero blocks.
+        // Types this generator has no writer for get all-zero blocks (IQ and
+        // ternary grids decode them to zeros; the point is a file of the
+        // right shape, not realistic values).
         other => out.resize(other.bytes_for(n).unwrap_or(0) as usize, 0),
     }
     out
