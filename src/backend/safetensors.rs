@@ -5,9 +5,10 @@
 //! otherwise; the model's GGUF-style metadata from `config.json` and the
 //! tokenizer files (`arch::hf_import`).
 
-use super::dense::{DenseBackend, RowGroups, StoredTensor};
+use super::dense::{DenseBackend, StoredTensor};
 use super::{Role, SourceSummary};
 use crate::arch::hf_import::{self, HfFiles};
+use crate::arch::rows::RowGroups;
 use crate::arch::{self, Architecture};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::FileFormat;
@@ -234,16 +235,9 @@ fn row_groups(
         return Ok(None);
     };
     let rows = shape.first().copied().unwrap_or(0);
-    if groups == 0 || rows == 0 || !rows.is_multiple_of(2 * groups) {
-        return Err(format!(
-            "{rows} rows are not a multiple of 2 x {groups} heads (config.json's head counts)"
-        ));
-    }
-    Ok(Some(RowGroups {
-        groups,
-        group_rows: rows / groups,
-        row_elems: n / rows,
-    }))
+    RowGroups::of_shape(groups, rows, n)
+        .map(Some)
+        .map_err(|why| format!("{why} (config.json's head counts)"))
 }
 
 /// The ggml integer type of an unserved dtype's width, for the listing.
