@@ -38,6 +38,9 @@ pub struct DenseBackend {
     summary: SourceSummary,
     table: TensorTable,
     extents: Vec<Extent>,
+    /// (table index, name): the Hugging Face names of a checkpoint's
+    /// tensors served under their GGUF names, in table order.
+    hf_names: Vec<(usize, TensorName)>,
 }
 
 impl DenseBackend {
@@ -167,6 +170,7 @@ impl DenseBackend {
             summary,
             table,
             extents,
+            hf_names: Vec::new(),
         })
     }
 }
@@ -197,6 +201,30 @@ impl DenseBackend {
         }
         ext.rows = Some(rows);
         Ok(())
+    }
+
+    /// Give tensor `index` (served under its GGUF name) its Hugging Face
+    /// name `hf`, which the mount and `rknot cat` serve too, in the order
+    /// the checkpoint stores the rows. Called in table order.
+    pub(crate) fn set_hf_name(&mut self, index: usize, hf: &str) -> Result<()> {
+        let info = self
+            .table
+            .info(index)
+            .ok_or_else(|| super::no_such_index(index))?;
+        let name = TensorName::from_stored(hf).map_err(|e| e.path(&self.summary.path))?;
+        if name.dot != info.name.dot {
+            self.hf_names.push((index, name));
+        }
+        Ok(())
+    }
+
+    /// The Hugging Face names of tensors served under GGUF names: (table
+    /// index, name, the rows' order when it is not the checkpoint's).
+    pub fn hf_names(&self) -> impl Iterator<Item = (usize, &TensorName, Option<RowGroups>)> {
+        self.hf_names.iter().map(|(i, n)| {
+            let rows = self.extents.get(*i).and_then(|e| e.rows);
+            (*i, n, rows)
+        })
     }
 
     /// List tensor `index` as unavailable, for `why` (a reader whose
