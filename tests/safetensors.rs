@@ -469,6 +469,98 @@ needs! { [hf, fuse]
     }
 }
 
+needs! { [hf, fuse]
+    /// A checkpoint of a known family serves every tensor under its Hugging
+    /// Face name too, both spellings, with the rows as the checkpoint
+    /// stores them (q_proj/k_proj included, whose GGUF-named files hold
+    /// llama.cpp's converter order): .f32 and .bf16 through a mount, and
+    /// `rknot cat`. The names are names, not tensors: index.json lists
+    /// them per tensor, model.gguf and index.json count each tensor once;
+    /// an HF name whose rows are the tensor file's is a hard link of it.
+    fn hf_names_serve_the_checkpoints_own_rows() {
+        use std::os::unix::fs::MetadataExt;
+        for c in ["llama_f32", "llama_bf16_sharded", "qwen2_bf16"] {
+            let r = &fixture().reference[c];
+            let bf16_source = c.contains("bf16");
+            let dir = PathBuf::from(r["dir"].as_str().unwrap());
+            let d = dir.to_str().unwrap();
+            let m = Mounted::new(&dir, &["--views", "f32,bf16"]);
+            let index: Value =
+                serde_json::from_slice(&std::fs::read(m.path("index.json")).unwrap()).unwrap();
+            let entries = index["tensors"].as_array().unwrap();
+            let tensors = r["tensors"].as_array().unwrap();
+            let mut permuted = 0;
+            for t in tensors {
+                let (hf, gguf) = (t["hf"].as_str().unwrap(), t["gguf"].as_str().unwrap());
+                let want = std::fs::read(t["hf_file"].as_str().unwrap()).unwrap();
+                let converter = std::fs::read(t["gguf_file"].as_str().unwrap()).unwrap();
+                let qk = r["family"] == "llama" && (hf.contains(".q_proj.") || hf.contains(".k_proj."));
+                if qk {
+                    assert!(want != converter, "{c} {hf}: the fixture must permute its rows");
+                    permuted += 1;
+                }
+                for name in [hf.to_string(), underscore(hf)] {
+                    let got = std::fs::read(m.path(&format!("{name}.f32")))
+                        .unwrap_or_else(|e| panic!("{c} {name}.f32: {e}\n{}", m.log()));
+                    assert!(got == want, "{c} {name}.f32 differs from the checkpoint's");
+                    if bf16_source {
+                        // The checkpoint's own bf16 bytes: the top halves of its f32.
+                        let half: Vec<u8> = want.chunks(4).flat_map(|b| [b[2], b[3]]).collect();
+                        let got = std::fs::read(m.path(&format!("{name}.bf16"))).unwrap();
+                        assert!(got == half, "{c} {name}.bf16 differs from the checkpoint's");
+                    }
+                }
+                let got = std::fs::read(m.path(&format!("{gguf}.f32"))).unwrap();
+                assert!(got == converter, "{c} {gguf}.f32 is not in the converter's order");
+                let (a, b) = (
+                    std::fs::metadata(m.path(&format!("{hf}.f32"))).unwrap(),
+                    std::fs::metadata(m.path(&format!("{gguf}.f32"))).unwrap(),
+                );
+                assert_eq!(a.ino() == b.ino(), !qk, "{c} {hf}: hard link iff same rows");
+                assert_eq!((a.nlink(), b.nlink()), if qk { (2, 2) } else { (4, 4) }, "{c} {hf}");
+                let o = run_rknot(&["cat", d, hf]);
+                assert!(o.status.success(), "{c} cat {hf}: {}", String::from_utf8_lossy(&o.stderr));
+                assert!(o.stdout == want, "{c} cat {hf} differs from the checkpoint's");
+                let e = entries.iter().find(|e| e["name"] == gguf)
+                    .unwrap_or_else(|| panic!("{c}: index.json has no {gguf}"));
+                assert_eq!(e["hf_name"], hf, "{c}: {e}");
+                assert_eq!(e["hf_rows_permuted"], qk, "{c}: {e}");
+                let files = e["hf_files"].to_string();
+                assert!(files.contains(&format!("\"{hf}.f32\"")), "{c}: {e}");
+            }
+            assert_eq!(permuted, if r["family"] == "llama" { 4 } else { 0 }, "{c}");
+            // A ranged read inside a permuted file, across rows, through the
+            // underscore spelling of `rknot cat` too.
+            let q = "model.layers.1.self_attn.q_proj.weight";
+            let t = tensors.iter().find(|t| t["hf"] == q).unwrap();
+            let want = std::fs::read(t["hf_file"].as_str().unwrap()).unwrap();
+            let o = run_rknot(&["cat", d, &underscore(q), "--offset", "250", "--length", "300"]);
+            assert!(o.stdout == want[250..550], "{c} cat {q} [250, 550)");
+            // Each tensor once: in index.json, in every view (model.gguf
+            // needs a tokenizer these checkpoints lack: its count is
+            // checked where it is offered), in the listing beside its four
+            // names.
+            assert_eq!(entries.len(), tensors.len(), "{c}");
+            let views = index["views"]["files"].as_array().unwrap();
+            let offered: Vec<&Value> = views.iter().filter(|v| v["available"] == true).collect();
+            assert!(offered.len() >= 2, "{c}: {views:?}");
+            for v in offered {
+                assert_eq!(v["tensors"], tensors.len(), "{c}: {v}");
+            }
+            if let Ok(gguf) = std::fs::read(m.path("model.gguf")) {
+                let count = u64::from_le_bytes(gguf[8..16].try_into().unwrap());
+                assert_eq!(count as usize, tensors.len(), "{c}: model.gguf's tensor count");
+            }
+            let names: Vec<String> = std::fs::read_dir(m.path(""))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.ends_with(".f32"))
+                .collect();
+            assert_eq!(names.len(), 4 * tensors.len(), "{c}: {names:?}");
+        }
+    }
+}
+
 needs! { [hf]
     /// The CLI takes a checkpoint: inspect (text and JSON), verify (its
     /// structure), manifest and its check, and the three encoders, whose

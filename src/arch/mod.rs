@@ -18,6 +18,7 @@ pub mod common;
 pub mod hf_import;
 pub mod llama;
 pub mod qwen2;
+pub mod rows;
 
 use std::fmt::Debug;
 

@@ -2,6 +2,7 @@
 //! GGUF, a dense .knot; a set of several files, such as a split GGUF, is
 //! one backend whose tensors each name the file they lie in).
 
+use crate::arch::rows::{RowGroups, RowOrder};
 use crate::backend::scratch;
 use crate::backend::{
     Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
@@ -25,50 +26,9 @@ struct Extent {
     offset: u64,
     /// The file's CRC-32s of the tensor's bytes, verified on every read.
     sums: Option<ChunkSums>,
-    /// The served rows in another order than the stored ones.
+    /// The served rows in GGUF order, stored in Hugging Face order
+    /// (llama's Q and K from a safetensors checkpoint).
     rows: Option<RowGroups>,
-}
-
-/// A row order within groups of rows, served as llama.cpp's
-/// convert_hf_to_gguf.py (`LlamaModel.permute`) writes llama's Q and K
-/// projections from a Hugging Face checkpoint: rows come in `groups`
-/// groups (heads) of `group_rows` (even) rows of `row_elems` elements;
-/// within a group, served row `2 * i + j` is stored row
-/// `j * group_rows / 2 + i` (j in 0..2), interleaving each head's two
-/// rotary halves. The inverse of what `hf/` undoes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowGroups {
-    pub groups: u64,
-    pub group_rows: u64,
-    pub row_elems: u64,
-}
-
-impl RowGroups {
-    /// The stored row behind served row `r`.
-    pub fn src_row(&self, r: u64) -> u64 {
-        let g = self.group_rows.max(2);
-        let (head, k) = (r / g, r % g);
-        head * g + (k % 2) * (g / 2) + k / 2
-    }
-
-    /// Split served elements `[first, first + n)` into runs within one
-    /// row: (served offset from `first`, stored first element, length).
-    fn runs(&self, first: u64, n: u64) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        let re = self.row_elems.max(1);
-        let end = first + n;
-        let mut pos = first;
-        std::iter::from_fn(move || {
-            if pos >= end {
-                return None;
-            }
-            let row = pos / re;
-            let run_end = ((row + 1) * re).min(end);
-            let stored = self.src_row(row) * re + (pos - row * re);
-            let out = (pos - first, stored, run_end - pos);
-            pos = run_end;
-            Some(out)
-        })
-    }
 }
 
 pub struct DenseBackend {
@@ -78,6 +38,9 @@ pub struct DenseBackend {
     summary: SourceSummary,
     table: TensorTable,
     extents: Vec<Extent>,
+    /// (table index, name): the Hugging Face names of a checkpoint's
+    /// tensors served under their GGUF names, in table order.
+    hf_names: Vec<(usize, TensorName)>,
 }
 
 impl DenseBackend {
@@ -207,6 +170,7 @@ impl DenseBackend {
             summary,
             table,
             extents,
+            hf_names: Vec::new(),
         })
     }
 }
@@ -220,17 +184,15 @@ impl DenseBackend {
         let (Some(info), Some(ext)) = (self.table.info(index), self.extents.get_mut(index)) else {
             return Err(super::no_such_index(index));
         };
-        let n_rows = rows.groups.checked_mul(rows.group_rows);
-        let fits = rows.group_rows >= 2
-            && rows.group_rows.is_multiple_of(2)
-            && rows.row_elems > 0
+        let fits = rows.row_elems > 0
             && rows.row_elems.is_multiple_of(ext.ty.block_elems())
-            && n_rows.and_then(|r| r.checked_mul(rows.row_elems)) == Some(info.n_elements);
+            && rows.tiles(info.n_elements);
         if !fits {
             return Err(err(
                 ErrorKind::BadShape,
                 format!(
-                    "{} groups of {} rows of {} elements do not tile the tensor's {} elements                      (shape {:?})",
+                    "{} groups of {} rows of {} elements do not tile the tensor's {} elements \
+                     (shape {:?})",
                     rows.groups, rows.group_rows, rows.row_elems, info.n_elements, info.shape
                 ),
             )
@@ -239,6 +201,30 @@ impl DenseBackend {
         }
         ext.rows = Some(rows);
         Ok(())
+    }
+
+    /// Give tensor `index` (served under its GGUF name) its Hugging Face
+    /// name `hf`, which the mount and `rknot cat` serve too, in the order
+    /// the checkpoint stores the rows. Called in table order.
+    pub(crate) fn set_hf_name(&mut self, index: usize, hf: &str) -> Result<()> {
+        let info = self
+            .table
+            .info(index)
+            .ok_or_else(|| super::no_such_index(index))?;
+        let name = TensorName::from_stored(hf).map_err(|e| e.path(&self.summary.path))?;
+        if name.dot != info.name.dot {
+            self.hf_names.push((index, name));
+        }
+        Ok(())
+    }
+
+    /// The Hugging Face names of tensors served under GGUF names: (table
+    /// index, name, the rows' order when it is not the checkpoint's).
+    pub fn hf_names(&self) -> impl Iterator<Item = (usize, &TensorName, Option<RowGroups>)> {
+        self.hf_names.iter().map(|(i, n)| {
+            let rows = self.extents.get(*i).and_then(|e| e.rows);
+            (*i, n, rows)
+        })
     }
 
     /// List tensor `index` as unavailable, for `why` (a reader whose
@@ -298,12 +284,10 @@ impl DenseBackend {
         // Rows are whole blocks (checked when they were set): the same
         // runs over bytes as over elements.
         let row_bytes = rows.row_elems / ext.ty.block_elems() * ext.ty.block_bytes();
-        let bytes = RowGroups {
-            row_elems: row_bytes,
-            ..rows
-        };
-        for (at, stored, len) in bytes.runs(offset, buf.len() as u64) {
-            read(stored, &mut buf[at as usize..(at + len) as usize])?;
+        let end = offset + buf.len() as u64;
+        for (at, stored) in rows.runs(RowOrder::Gguf, row_bytes, offset..end) {
+            let len = stored.end - stored.start;
+            read(stored.start, &mut buf[at as usize..(at + len) as usize])?;
         }
         Ok(())
     }
@@ -450,9 +434,10 @@ impl Backend for DenseBackend {
         let Some(rows) = ext.rows else {
             return read_ggml_f32(src, info, stored, first_elem, out);
         };
-        for (at, from, len) in rows.runs(first_elem, out.len() as u64) {
-            let part = &mut out[at as usize..(at + len) as usize];
-            read_ggml_f32(src, info, stored, from, part)?;
+        let end = first_elem + out.len() as u64;
+        for (at, from) in rows.runs(RowOrder::Gguf, rows.row_elems, first_elem..end) {
+            let part = &mut out[at as usize..(at + from.end - from.start) as usize];
+            read_ggml_f32(src, info, stored, from.start, part)?;
         }
         Ok(())
     }

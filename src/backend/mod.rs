@@ -30,6 +30,7 @@ pub use layered::LayeredBackend;
 pub(crate) use layered::is_lossy_vocab;
 pub use open::{ParsedFile, READERS, Reader, assemble, open, open_parts, open_single, reader_of};
 pub use rknot::RknotBackend;
+pub use safetensors::{HfAlias, hf_alias, hf_aliases};
 pub use sketch::SketchBackend;
 
 /// How a tensor is stored in its source file.

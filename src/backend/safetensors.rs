@@ -2,17 +2,21 @@
 //! tensor of every shard, under its GGUF name for a family `arch` knows
 //! (llama's Q and K rows then in llama.cpp's converter's order, as a GGUF
 //! made from the checkpoint holds them) and under its Hugging Face name
-//! otherwise; the model's GGUF-style metadata from `config.json` and the
+//! otherwise; the Hugging Face names of GGUF-named tensors ([`HfAlias`],
+//! rows in the checkpoint's order) for the mount's and `rknot cat`'s
+//! HF-named files; the model's GGUF-style metadata from `config.json` and the
 //! tokenizer files (`arch::hf_import`).
 
-use super::dense::{DenseBackend, RowGroups, StoredTensor};
-use super::{Role, SourceSummary};
+use super::dense::{DenseBackend, StoredTensor};
+use super::{Backend, Role, SourceSummary};
 use crate::arch::hf_import::{self, HfFiles};
+use crate::arch::rows::{RowGroups, RowOrder};
 use crate::arch::{self, Architecture};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::FileFormat;
 use crate::format::meta::Metadata;
 use crate::format::safetensors::{Checkpoint, CheckpointKind, checkpoint::SideFile};
+use crate::names::TensorName;
 
 fn bytes(f: &Option<SideFile>) -> Option<&[u8]> {
     f.as_ref().map(|f| f.bytes.as_slice())
@@ -75,6 +79,8 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
     let mut stored = Vec::with_capacity(total);
     // Per tensor: its rows' order and why it is not served.
     let mut amend: Vec<(Option<RowGroups>, Option<String>)> = Vec::with_capacity(total);
+    // Per tensor served under a GGUF name: its Hugging Face name.
+    let mut hf_names: Vec<Option<String>> = Vec::with_capacity(total);
     let mut unmapped = 0usize;
     for (file, (_, h)) in shards.iter().enumerate() {
         for t in &h.tensors {
@@ -91,7 +97,7 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
             } else {
                 t.shape.clone()
             };
-            let (name, rows) = match model.arch.map(|a| (a, a.gguf_name(&t.name))) {
+            let (name, rows, hf) = match model.arch.map(|a| (a, a.gguf_name(&t.name))) {
                 Some((a, Some((gguf, r)))) => {
                     let rows = row_groups(a, r, &model, &shape, n).map_err(|m| {
                         err(ErrorKind::BadShape, m)
@@ -99,15 +105,16 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
                             .path(&path)
                             .at(t.header_at)
                     })?;
-                    (gguf, rows)
+                    (gguf, rows, Some(t.name.clone()))
                 }
                 Some((_, None)) => {
                     unmapped += 1;
-                    (t.name.clone(), None)
+                    (t.name.clone(), None, None)
                 }
-                None => (t.name.clone(), None),
+                None => (t.name.clone(), None, None),
             };
             names.push(name);
+            hf_names.push(hf);
             amend.push((rows, why));
             stored.push((file, shape, n, ty, t.end - t.begin, h.data_start + t.begin));
         }
@@ -116,7 +123,8 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
         Some(a) => {
             notes.push(format!(
                 "family {}: tensors under their GGUF names (Q/K rows in llama.cpp's order where \
-                 it permutes them); the Hugging Face names are in hf/",
+                 it permutes them) and under their Hugging Face names (rows as the checkpoint \
+                 stores them)",
                 a.name()
             ));
             if unmapped > 0 {
@@ -162,15 +170,101 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
         },
     );
     let mut b = DenseBackend::build(files, summary, role, tensors)?;
-    for (i, (rows, why)) in amend.into_iter().enumerate() {
+    for (i, ((rows, why), hf)) in amend.into_iter().zip(hf_names).enumerate() {
         if let Some(r) = rows {
             b.set_row_groups(i, r)?;
         }
         if let Some(w) = why {
             b.set_unavailable(i, w)?;
         }
+        if let Some(h) = hf {
+            b.set_hf_name(i, &h)?;
+        }
     }
     Ok(b)
+}
+
+/// A checkpoint tensor's Hugging Face name, beside the GGUF name it is
+/// served under: tensor `index` of the backend it was found for, whose rows
+/// the name serves in the checkpoint's order (`rows`: the tensor's are in
+/// llama.cpp's converter's order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfAlias {
+    pub index: usize,
+    pub name: TensorName,
+    pub rows: Option<RowGroups>,
+}
+
+/// The Hugging Face names of `b`'s tensors, when `b` (or its dense
+/// fallback) is a checkpoint of a family `arch` knows; in `b`'s table
+/// order. A layered backend's tensor gets the name its GGUF name has in the
+/// fallback checkpoint.
+pub fn hf_aliases(b: &dyn Backend) -> Vec<HfAlias> {
+    let of = |d: &DenseBackend| -> Vec<HfAlias> {
+        let mut out: Vec<HfAlias> = d
+            .hf_names()
+            .filter_map(|(i, name, rows)| {
+                let gguf = &d.tensors().info(i)?.name.dot;
+                let index = b.tensors().get(gguf)?;
+                Some(HfAlias {
+                    index,
+                    name: name.clone(),
+                    rows,
+                })
+            })
+            .collect();
+        out.sort_by_key(|a| a.index);
+        out
+    };
+    if let Some(d) = b.as_dense() {
+        return of(d);
+    }
+    match b.fallback_backend() {
+        Some(f) => f.as_dense().map(of).unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+/// The tensor of `b` whose Hugging Face name is `name` (either spelling).
+pub fn hf_alias(b: &dyn Backend, name: &str) -> Option<HfAlias> {
+    hf_aliases(b)
+        .into_iter()
+        .find(|a| a.name.dot == name || a.name.underscore == name)
+}
+
+impl HfAlias {
+    /// Decoded f32 bytes `[offset, offset + buf.len())` of the tensor under
+    /// this name (rows in the checkpoint's order), clipped at its end; the
+    /// number of bytes written. As [`Backend::read_bytes`].
+    pub fn read_bytes(&self, b: &dyn Backend, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let Some(rows) = self.rows else {
+            return b.read_bytes(self.index, offset, buf);
+        };
+        let info = b
+            .tensors()
+            .info(self.index)
+            .ok_or_else(|| super::no_such_index(self.index))?;
+        if !rows.tiles(info.n_elements) {
+            return Err(err(
+                ErrorKind::BadShape,
+                format!(
+                    "{} groups of {} rows of {} elements do not tile the tensor's {} elements",
+                    rows.groups, rows.group_rows, rows.row_elems, info.n_elements
+                ),
+            )
+            .tensor(&self.name.dot));
+        }
+        let size = info.served_bytes();
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let end = size.min(offset.saturating_add(buf.len() as u64));
+        for (at, from) in rows.runs(RowOrder::Hf, rows.row_elems * 4, offset..end) {
+            let part = &mut buf[at as usize..(at + from.end - from.start) as usize];
+            b.read_bytes(self.index, from.start, part)?;
+        }
+        Ok((end - offset) as usize)
+    }
 }
 
 /// The metadata and head counts of `config.json`, or why not (a note).
@@ -234,16 +328,9 @@ fn row_groups(
         return Ok(None);
     };
     let rows = shape.first().copied().unwrap_or(0);
-    if groups == 0 || rows == 0 || !rows.is_multiple_of(2 * groups) {
-        return Err(format!(
-            "{rows} rows are not a multiple of 2 x {groups} heads (config.json's head counts)"
-        ));
-    }
-    Ok(Some(RowGroups {
-        groups,
-        group_rows: rows / groups,
-        row_elems: n / rows,
-    }))
+    RowGroups::of_shape(groups, rows, n)
+        .map(Some)
+        .map_err(|why| format!("{why} (config.json's head counts)"))
 }
 
 /// The ggml integer type of an unserved dtype's width, for the listing.

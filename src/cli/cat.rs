@@ -14,7 +14,8 @@ use crate::source::cli::RemoteArgs;
 pub struct CatArgs {
     /// Model file (.rknot, SK32 sketch, dense .knot or GGUF).
     file: PathBuf,
-    /// Tensor name, GGUF-dot (blk.0.attn_q.weight) or underscore spelling.
+    /// Tensor name, GGUF-dot (blk.0.attn_q.weight) or underscore spelling;
+    /// for a safetensors checkpoint also its Hugging Face name.
     tensor: String,
     /// Dense fallback (GGUF or dense .knot) for tensors FILE lacks.
     #[arg(long, value_name = "FILE")]
@@ -40,7 +41,14 @@ impl CatArgs {
 
 /// Stream the byte range in chunks so a large tensor never sits in memory.
 fn cat(b: &dyn Backend, tensor: &str, offset: u64, length: Option<u64>) -> CliResult {
-    let index = b.find(tensor)?;
+    // A checkpoint's Hugging Face names too, rows in the checkpoint's order.
+    let (index, alias) = match b.find(tensor) {
+        Ok(i) => (i, None),
+        Err(e) => match backend::hf_alias(b, tensor) {
+            Some(a) => (a.index, Some(a)),
+            None => return Err(e.into()),
+        },
+    };
     let size = b.tensors().entries()[index].served_bytes();
     // At the end is an empty read, as read(2) at end of file; past it is
     // a mistake.
@@ -64,7 +72,10 @@ fn cat(b: &dyn Backend, tensor: &str, offset: u64, length: Option<u64>) -> CliRe
     let mut pos = offset;
     while pos < end {
         let want = CHUNK.min((end - pos) as usize);
-        let n = b.read_bytes(index, pos, &mut buf[..want])?;
+        let n = match &alias {
+            Some(a) => a.read_bytes(b, pos, &mut buf[..want])?,
+            None => b.read_bytes(index, pos, &mut buf[..want])?,
+        };
         if n == 0 {
             break;
         }

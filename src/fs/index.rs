@@ -15,6 +15,7 @@ use super::inodes::HF_DIR_NAME;
 use super::namespace::Namespace;
 use super::views::{ElemFormat, ModelView};
 use crate::backend::Backend;
+use crate::names::TensorName;
 use crate::report;
 
 /// Stands in for the tensor list while the rest is rendered.
@@ -33,19 +34,30 @@ pub(super) struct IndexJson {
 }
 
 /// One tensor's entry: what `inspect --json` says, plus its file names in
-/// the mount (none when it is not served).
-fn tensor_value(b: &dyn Backend, i: usize, formats: &[ElemFormat], served: bool) -> Value {
+/// the mount (none when it is not served) and, for a checkpoint's tensor
+/// served under its GGUF name, its Hugging Face name and files.
+fn tensor_value(b: &dyn Backend, i: usize, formats: &[ElemFormat], ns: &Namespace) -> Value {
     let t = &b.tensors().entries()[i];
     let mut v = report::tensor_json(t);
-    if served {
+    let names = |n: &TensorName| {
         let mut files = Vec::new();
         for fmt in formats {
-            files.push(format!("{}.{}", t.name.underscore, fmt.ext()));
-            if t.name.underscore != t.name.dot {
-                files.push(format!("{}.{}", t.name.dot, fmt.ext()));
+            files.push(format!("{}.{}", n.underscore, fmt.ext()));
+            if n.underscore != n.dot {
+                files.push(format!("{}.{}", n.dot, fmt.ext()));
             }
         }
-        v["files"] = json!(files);
+        files
+    };
+    if ns.is_served(i) {
+        v["files"] = json!(names(&t.name));
+    }
+    if let Some(a) = ns.aliases.of_index(i) {
+        v["hf_name"] = json!(a.name.dot);
+        v["hf_files"] = json!(names(&a.name));
+        // The HF-named files hold the checkpoint's row order, the
+        // GGUF-named ones llama.cpp's converter's.
+        v["hf_rows_permuted"] = json!(a.permuted());
     }
     v
 }
@@ -159,7 +171,7 @@ impl IndexJson {
         let mut at = 0u64;
         for i in 0..n {
             starts.push(at);
-            let e = tensor_value(b, i, &ns.formats, ns.is_served(i));
+            let e = tensor_value(b, i, &ns.formats, ns);
             at += render_element(&e, i + 1 == n).len() as u64;
         }
         starts.push(at);
@@ -202,10 +214,7 @@ impl IndexJson {
                 if s >= hi {
                     break;
                 }
-                let bytes = render_element(
-                    &tensor_value(b, i, &self.formats, ns.is_served(i)),
-                    i + 1 == n,
-                );
+                let bytes = render_element(&tensor_value(b, i, &self.formats, ns), i + 1 == n);
                 let a = lo.max(s) - s;
                 let z = hi.min(e) - s;
                 // Rendering is deterministic; guard anyway so a mismatch

@@ -1,7 +1,13 @@
 //! The inode map of a mount (the `fs` module docs draw it): every fixed
 //! entry's inode and name, the tensor files' and views' inodes, and the
-//! `hf/` block. All are fixed by the source files, so they are stable across
+//! `hf/` block, the HF-named files whose rows differ from their tensor
+//! file's. All are fixed by the source files, so they are stable across
 //! remounts. Kept in one place so no two modules can hand out one number.
+//!
+//! Ranges: 1..=9 fixed entries, `16 + i + k * 2^32` (below `3 * 2^32 + 16`)
+//! tensor files, `2^46 +` a tensor file's inode for its HF-named file in
+//! Hugging Face row order (below `2^46 + 3 * 2^32 + 16`), `2^47..2^47 + 16`
+//! `hf/`, `2^48 + n` jobs.
 
 use super::elem::ElemFormat;
 
@@ -35,6 +41,26 @@ pub const JOBS_DIR_NAME: &str = "jobs";
 /// Inode of tensor file `f` in format `fmt` (module docs of `fs`).
 pub fn tensor_ino(f: usize, fmt: ElemFormat) -> u64 {
     FIRST_TENSOR_INO + f as u64 + fmt.ordinal() * FORMAT_INO_STRIDE
+}
+
+/// An HF-named file whose rows are in another order than its tensor
+/// file's (llama's Q/K from a checkpoint) is inode `ALIAS_INO_BASE +` the
+/// tensor file's inode; one whose rows are the same is a hard link of the
+/// tensor file.
+pub const ALIAS_INO_BASE: u64 = 1 << 46;
+
+/// Inode of the HF-named file of tensor file `f` in format `fmt`, rows in
+/// Hugging Face order.
+pub fn alias_ino(f: usize, fmt: ElemFormat) -> u64 {
+    ALIAS_INO_BASE + tensor_ino(f, fmt)
+}
+
+/// The tensor file and format of an [`alias_ino`].
+pub fn alias_of(ino: u64) -> Option<(usize, ElemFormat)> {
+    let t = ino.checked_sub(ALIAS_INO_BASE)?;
+    let fmt = ElemFormat::from_ordinal(t / FORMAT_INO_STRIDE)?;
+    let f = usize::try_from((t % FORMAT_INO_STRIDE).checked_sub(FIRST_TENSOR_INO)?).ok()?;
+    Some((f, fmt))
 }
 
 /// Inode of the directory `hf/`.

@@ -46,6 +46,7 @@
 //! served from the decoded-file store), [`fuse`] (the fuser adapter). Each
 //! uses only those before it (and this module's shared types).
 
+mod aliases;
 mod ctl;
 mod elem;
 mod files;
@@ -587,6 +588,7 @@ impl TensorFs {
             .flat_map(|f| self.ns.formats.iter().map(move |fmt| tensor_ino(f, *fmt)))
             .collect();
         inos.extend(self.ns.views.iter().map(|v| v.view.ino()));
+        inos.extend(self.alias_inodes());
         inos
     }
 

@@ -5,17 +5,20 @@
 //! looked up through the table's name index and listed by position, so a
 //! model with tens of thousands of tensors costs a few bytes per tensor
 //! (an `ls` of it pages through positions, it never clones a listing).
+//! A checkpoint's Hugging Face names ([`super::aliases`]) are listed after
+//! the tensor files, in the same slots per name.
 
 use std::path::Path;
 use std::time::SystemTime;
 
+use super::aliases::{AliasFile, Aliases};
 use super::elem::ElemFormat;
 use super::files::{MAX_FILE_BYTES, TensorFile, ViewFile, view_metadata};
 use super::hf::{self, HfDir};
 use super::inodes::{
     CTL_INO, CTL_JSON_INO, CTL_JSON_NAME, CTL_NAME, FIRST_TENSOR_INO, FORMAT_INO_STRIDE,
     HF_DIR_INO, HF_DIR_NAME, INDEX_INO, INDEX_NAME, JOB_INO_BASE, JOBS_DIR_INO, JOBS_DIR_NAME,
-    ROOT_INO, is_hf_ino, tensor_ino,
+    ROOT_INO, alias_of, is_hf_ino, tensor_ino,
 };
 use super::views::{self, Layout, ModelView, ViewTensor};
 use super::{Attr, FsConfig, Kind, StatFs, TensorFs};
@@ -31,6 +34,8 @@ pub(super) enum Node<'a> {
         fmt: ElemFormat,
     },
     View(&'a ViewFile, &'a Layout),
+    /// An HF-named file in Hugging Face row order, its bytes `Layout`.
+    Alias(&'a AliasFile, &'a Layout),
 }
 
 /// The namespace of one mount.
@@ -52,6 +57,8 @@ pub(super) struct Namespace {
     /// `hf/` (its JSON files; its safetensors views are in `views`), or why
     /// there is none.
     pub(super) hf: std::result::Result<HfDir, String>,
+    /// A checkpoint's Hugging Face names of its GGUF-named tensors.
+    pub(super) aliases: Aliases,
 }
 
 fn mtime_of(path: &Path) -> SystemTime {
@@ -398,6 +405,7 @@ impl Namespace {
         for (f, tf) in files.iter().enumerate() {
             file_of[tf.index] = Some(f);
         }
+        let aliases = Aliases::build(b, files, &formats);
         let root_mtime = mtime_of(&b.summary().path);
         let views_mtime = b
             .fallback_summary()
@@ -412,6 +420,7 @@ impl Namespace {
             views_mtime,
             jobs,
             hf,
+            aliases,
         }
     }
 
@@ -464,6 +473,11 @@ impl TensorFs {
 
     /// The tensor file or offered model view behind an inode.
     pub(super) fn node(&self, ino: u64) -> Option<Node<'_>> {
+        if let Some((f, fmt)) = alias_of(ino) {
+            let a = self.ns.aliases.of_file(f)?;
+            let k = self.ns.formats.iter().position(|x| *x == fmt)?;
+            return a.layouts.get(k).map(|l| Node::Alias(a, l));
+        }
         if let Some(v) = self.ns.views.iter().find(|v| v.view.ino() == ino) {
             return v.layout.as_ref().ok().map(|l| Node::View(v, l));
         }
@@ -534,11 +548,17 @@ impl TensorFs {
                     let file = &self.shared.files[f];
                     Ok(Attr {
                         size: file.bytes(fmt),
-                        nlink: file.nlink,
+                        nlink: file.nlink + self.ns.aliases.extra_links(f),
                         mtime: file.mtime,
                         ..base
                     })
                 }
+                Node::Alias(a, l) => Ok(Attr {
+                    size: l.size(),
+                    nlink: 2,
+                    mtime: self.shared.files[a.file].mtime,
+                    ..base
+                }),
                 Node::View(_, l) => Ok(Attr {
                     size: l.size(),
                     mtime: self.ns.views_mtime,
@@ -573,6 +593,9 @@ impl TensorFs {
         let fmt = ElemFormat::from_ext(ext)
             .filter(|f| self.ns.formats.contains(f))
             .ok_or(libc::ENOENT)?;
+        if let Some(a) = self.ns.aliases.get(stem) {
+            return self.getattr(a.ino(fmt));
+        }
         let table = self.shared.backend.tensors();
         let index = table.get(stem).ok_or(libc::ENOENT)?;
         let t = &table.entries()[index];
@@ -664,24 +687,29 @@ impl TensorFs {
         }
         let per_file = self.ns.slots_per_file();
         let table = self.shared.backend.tensors().entries();
+        let n_files = self.shared.files.len();
         let mut name = String::new();
         loop {
             let slot = pos - first;
             let f = (slot / per_file) as usize;
-            let Some(file) = self.shared.files.get(f) else {
-                return Ok(());
-            };
             let k = ((slot % per_file) / 2) as usize;
             let dot = slot % 2 == 1;
-            let t = &table[file.index];
             let fmt = self.ns.formats[k];
+            // The tensor files, then the HF-named ones.
+            let (names, ino) = match self.shared.files.get(f) {
+                Some(file) => (&table[file.index].name, tensor_ino(f, fmt)),
+                None => match self.ns.aliases.at(f - n_files) {
+                    Some(a) => (&a.name, a.ino(fmt)),
+                    None => return Ok(()),
+                },
+            };
             // The underscore slot is empty when both spellings are equal.
-            if dot || t.name.underscore != t.name.dot {
+            if dot || names.underscore != names.dot {
                 name.clear();
-                name.push_str(if dot { &t.name.dot } else { &t.name.underscore });
+                name.push_str(if dot { &names.dot } else { &names.underscore });
                 name.push('.');
                 name.push_str(fmt.ext());
-                if add(pos + 1, tensor_ino(f, fmt), Kind::File, &name) {
+                if add(pos + 1, ino, Kind::File, &name) {
                     return Ok(());
                 }
             }
@@ -697,11 +725,14 @@ impl TensorFs {
         let served = self
             .ns
             .offered_views()
-            .fold(tensors, |a, (_, l)| a.saturating_add(l.size()));
+            .map(|(_, l)| l)
+            .chain(self.ns.aliases.permuted().flat_map(|a| &a.layouts))
+            .fold(tensors, |a, l| a.saturating_add(l.size()));
+        let permuted = self.ns.aliases.permuted().count();
         StatFs {
             blocks: served.div_ceil(4096),
             files: 3
-                + (self.shared.files.len() * self.ns.formats.len()) as u64
+                + ((self.shared.files.len() + permuted) * self.ns.formats.len()) as u64
                 + self.ns.offered_views().count() as u64
                 + self.ns.hf.as_ref().map_or(0, |d| 1 + d.files.len() as u64),
             bsize: 4096,
@@ -709,9 +740,18 @@ impl TensorFs {
         }
     }
 
-    /// Number of tensor file names (both spellings, every format).
+    /// Number of tensor file names (both spellings, every format, HF
+    /// names included).
     pub(super) fn n_tensor_names(&self) -> usize {
         let per_format: usize = self.shared.files.iter().map(|f| f.nlink as usize).sum();
-        per_format * self.ns.formats.len()
+        (per_format + 2 * self.ns.aliases.len()) * self.ns.formats.len()
+    }
+
+    /// The inodes of the HF-named files with rows of their own.
+    pub(super) fn alias_inodes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ns
+            .aliases
+            .permuted()
+            .flat_map(|a| self.ns.formats.iter().map(|fmt| a.ino(*fmt)))
     }
 }

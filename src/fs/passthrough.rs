@@ -314,6 +314,12 @@ impl TensorFs {
                     format!("{name}.{}", fmt.ext()),
                 )
             }
+            Node::Alias(a, l) => (
+                json!({"hf_name": a.name.dot, "format": l.fmt().ext(), "size": l.size()}),
+                l.size(),
+                l.fmt(),
+                format!("{}.{}", a.name.dot, l.fmt().ext()),
+            ),
             Node::View(v, l) => (
                 json!({
                     "view": v.view.name(),
@@ -357,7 +363,7 @@ impl TensorFs {
             .clamp(MIN_RENDER_BYTES, RENDER_BYTES);
         let work = self.render_plan(node, fmt, piece);
         let header: &[u8] = match node {
-            Node::View(_, l) => l.header(),
+            Node::View(_, l) | Node::Alias(_, l) => l.header(),
             Node::Tensor { .. } => &[],
         };
         let workers = cores.min(work.len()).max(1);
@@ -425,7 +431,7 @@ impl TensorFs {
         };
         match node {
             Node::Tensor { f, .. } => tensor(&mut plan, 0, *f, 0, self.shared.files[*f].n_elements),
-            Node::View(_, l) => {
+            Node::View(_, l) | Node::Alias(_, l) => {
                 let mut at = 0u64;
                 for p in l.pieces(0, l.size()) {
                     match p {

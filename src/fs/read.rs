@@ -178,7 +178,7 @@ impl TensorFs {
         c.reads_in_flight.fetch_add(1, Ordering::Relaxed);
         let r = match node {
             Node::Tensor { f, fmt } => self.read_tensor(*f, *fmt, fh, offset, size, order),
-            Node::View(_, l) => self.read_view(l, fh, offset, size, order),
+            Node::View(_, l) | Node::Alias(_, l) => self.read_view(l, fh, offset, size, order),
         };
         c.reads_in_flight.fetch_sub(1, Ordering::Relaxed);
         match r {
@@ -195,6 +195,7 @@ impl TensorFs {
                 let what = match node {
                     Node::Tensor { f, fmt } => format!("{}.{}", self.tensor_name(*f), fmt.ext()),
                     Node::View(v, _) => v.view.name().to_string(),
+                    Node::Alias(a, l) => format!("{}.{}", a.name.dot, l.fmt().ext()),
                 };
                 // One line per file and kind of error per window: a reader
                 // retrying a bad block must not flood the log.

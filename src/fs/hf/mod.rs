@@ -16,7 +16,7 @@
 //!   root's views, so reads go through the same decoded-chunk cache.
 //!   llama.cpp's converter permutes the rows of the Q and K projections of
 //!   a family with interleaved RoPE (llama; per head, it interleaves the
-//!   two rotary halves); those segments carry a [`RowPerm`] that undoes
+//!   two rotary halves); those segments carry a [`RowGroups`] that undoes
 //!   it, so a read of a row range of `q_proj` reads the matching GGUF rows.
 //!   A NeoX-RoPE family's projections (qwen2) are not permuted by the
 //!   converter and are served as they are (what transformers' GGUF loader
@@ -41,7 +41,7 @@ use serde_json::{Map, Value, json};
 use self::pieces::Pieces;
 use super::files::{TensorFile, ViewFile, view_metadata};
 use super::inodes::{CONFIG_INO, GENERATION_CONFIG_INO, TOKENIZER_CONFIG_INO, TOKENIZER_INO};
-use super::views::{self, ElemFormat, ModelView, RowPerm, ViewTensor};
+use super::views::{self, ElemFormat, ModelView, RowGroups, ViewTensor};
 use crate::arch::{self, Architecture, AttentionBias, HfParams, RopeLayout, TokenizerKind};
 use crate::backend::Backend;
 use crate::format::meta::{MetaValue, Metadata};
@@ -99,7 +99,7 @@ struct HfTensor<'a> {
     name: String,
     shape: &'a [u64],
     n_elements: u64,
-    rows: Option<RowPerm>,
+    rows: Option<RowGroups>,
 }
 
 /// Build `hf/` for the served tensors `files` of `b`, with a safetensors
@@ -161,7 +161,7 @@ fn build_dir(
                         t.name.dot
                     ));
                 }
-                Some(RowPerm {
+                Some(RowGroups {
                     groups: g,
                     group_rows: n_rows / g,
                     row_elems: t.n_elements / n_rows,
@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn row_permutation_undoes_llama_cpp_interleaving() {
         // llama.cpp: gguf[h, i, j] = hf[h, j, i] for rows split [heads, half, 2].
-        let p = RowPerm {
+        let p = RowGroups {
             groups: 3,
             group_rows: 8,
             row_elems: 5,
@@ -401,11 +401,11 @@ mod tests {
             for j in 0..2 {
                 for i in 0..half {
                     let hf_row = h * 8 + j * half + i;
-                    assert_eq!(p.src_row(hf_row), h * 8 + 2 * i + j);
+                    assert_eq!(p.gguf_row(hf_row), h * 8 + 2 * i + j);
                 }
             }
         }
-        let mut seen: Vec<u64> = (0..24).map(|r| p.src_row(r)).collect();
+        let mut seen: Vec<u64> = (0..24).map(|r| p.gguf_row(r)).collect();
         seen.sort();
         assert_eq!(seen, (0..24).collect::<Vec<_>>());
     }

@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 use super::ElemFormat;
+use crate::arch::rows::{RowGroups, RowOrder};
 use crate::error::{ErrorKind, Result, add, err};
 
 /// One tensor of a virtual file: bytes `[start, start + len)` of the view
@@ -15,39 +16,10 @@ pub struct Segment {
     pub len: u64,
     /// Index of the tensor file (the filesystem's table, not the backend's).
     pub file: usize,
-    /// The segment's rows in another order than the tensor file's (the
-    /// `hf/` view's Q/K projections); `None`: the file's bytes as they are.
-    pub rows: Option<RowPerm>,
-}
-
-/// A row order within groups of rows: row `r` of the segment is row
-/// `src_row(r)` of the tensor file. Rows come in `groups` groups of
-/// `group_rows` (even) rows of `row_elems` elements; within a group, the
-/// segment's row `j * group_rows / 2 + i` is the file's row `2 * i + j`
-/// (j in 0..2). That is the inverse of the permutation llama.cpp's
-/// converter applies to llama's Q and K projections (a group is a head:
-/// llama.cpp interleaves the two rotary halves of each head, Hugging Face
-/// keeps them apart).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowPerm {
-    pub groups: u64,
-    pub group_rows: u64,
-    pub row_elems: u64,
-}
-
-impl RowPerm {
-    /// The tensor file's row behind row `r` of the segment.
-    pub fn src_row(&self, r: u64) -> u64 {
-        let g = self.group_rows.max(2);
-        let half = g / 2;
-        let (head, rem) = (r / g, r % g);
-        head * g + 2 * (rem % half) + rem / half
-    }
-
-    /// Rows of the tensor.
-    pub fn rows(&self) -> u64 {
-        self.groups.saturating_mul(self.group_rows)
-    }
+    /// The segment's rows in Hugging Face order, the tensor file's in
+    /// GGUF order (the `hf/` view's and the HF-named files' Q/K
+    /// projections); `None`: the file's bytes as they are.
+    pub rows: Option<RowGroups>,
 }
 
 impl Segment {
@@ -65,26 +37,17 @@ impl Segment {
         let Some(p) = self.rows else {
             return vec![range];
         };
-        let row_bytes = p.row_elems.saturating_mul(bpe).max(1);
-        let mut out = Vec::new();
-        let mut pos = range.start;
-        while pos < range.end {
-            let row = pos / row_bytes;
-            let row_end = ((row + 1) * row_bytes).min(range.end);
-            let src = p.src_row(row) * row_bytes + (pos - row * row_bytes);
-            out.push(src..src + (row_end - pos));
-            pos = row_end;
-        }
-        out
+        let row_bytes = p.row_elems.saturating_mul(bpe);
+        p.runs(RowOrder::Hf, row_bytes, range)
+            .map(|(_, r)| r)
+            .collect()
     }
 
     /// The tensor file's element behind element `e` of the segment.
     pub fn src_elem(&self, e: u64) -> u64 {
         match self.rows {
-            Some(p) if p.row_elems > 0 => {
-                p.src_row(e / p.row_elems) * p.row_elems + e % p.row_elems
-            }
-            _ => e,
+            Some(p) => p.source_elem(RowOrder::Hf, e),
+            None => e,
         }
     }
 }
@@ -123,14 +86,9 @@ impl Layout {
         let mut pos = header.len() as u64;
         for s in &segments {
             let end = add(s.start, s.len, "view segment end")?;
-            let rows_fit = s.rows.is_none_or(|p| {
-                p.group_rows >= 2
-                    && p.group_rows.is_multiple_of(2)
-                    && p.rows()
-                        .checked_mul(p.row_elems)
-                        .and_then(|n| n.checked_mul(fmt.bytes()))
-                        == Some(s.len)
-            });
+            let rows_fit = s
+                .rows
+                .is_none_or(|p| s.len.checked_div(fmt.bytes()).is_some_and(|n| p.tiles(n)));
             if s.start < pos || !s.len.is_multiple_of(fmt.bytes()) || !rows_fit {
                 return Err(err(
                     ErrorKind::BadValue,
@@ -392,7 +350,7 @@ mod tests {
     fn permuted_segments_map_rows_to_their_source() {
         // 2 groups of 4 rows of 3 elements, f32: rows 0..8 of the segment
         // come from file rows 0 2 1 3 | 4 6 5 7.
-        let p = RowPerm {
+        let p = RowGroups {
             groups: 2,
             group_rows: 4,
             row_elems: 3,
@@ -403,7 +361,7 @@ mod tests {
             file: 0,
             rows: Some(p),
         };
-        let rows: Vec<u64> = (0..8).map(|r| p.src_row(r)).collect();
+        let rows: Vec<u64> = (0..8).map(|r| p.gguf_row(r)).collect();
         assert_eq!(rows, [0, 2, 1, 3, 4, 6, 5, 7]);
         // Bytes 10..30: the end of row 0, all of row 1, the start of row 2.
         assert_eq!(s.source_ranges(10..30, 4), vec![10..12, 24..36, 12..18]);
@@ -411,7 +369,7 @@ mod tests {
         for a in 0..96u64 {
             for b in a..=96 {
                 let got: Vec<u64> = s.source_ranges(a..b, 4).into_iter().flatten().collect();
-                let want: Vec<u64> = (a..b).map(|x| p.src_row(x / 12) * 12 + x % 12).collect();
+                let want: Vec<u64> = (a..b).map(|x| p.gguf_row(x / 12) * 12 + x % 12).collect();
                 assert_eq!(got, want, "{a}..{b}");
             }
         }

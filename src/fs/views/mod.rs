@@ -28,13 +28,14 @@ mod layout;
 mod safetensors;
 
 pub use self::gguf::{gguf, gguf_metadata, gguf_missing_keys, gguf_missing_tensors};
-pub use self::layout::{Layout, Piece, RowPerm, Segment, chunks_after};
+pub use self::layout::{Layout, Piece, Segment, chunks_after};
 pub use self::safetensors::{SAFETENSORS_MAX_HEADER, meta_string, safetensors, safetensors_all};
 pub(in crate::fs) use self::safetensors::{header_start, safetensors_with};
 pub use super::elem::{ElemFormat, encode_into};
 pub use super::inodes::{
     BF16_SAFETENSORS_INO, F16_SAFETENSORS_INO, FORMAT_INO_STRIDE, GGUF_INO, SAFETENSORS_INO,
 };
+pub use crate::arch::rows::RowGroups;
 
 use crate::error::{ErrorKind, Result, err, mul, product};
 
@@ -180,7 +181,7 @@ pub struct ViewTensor<'a> {
     pub shape: &'a [u64],
     pub n_elements: u64,
     /// Rows served in another order (the `hf/` view).
-    pub rows: Option<RowPerm>,
+    pub rows: Option<RowGroups>,
 }
 
 /// Bytes of `t` in `fmt`, after checking that its shape holds its elements.
