@@ -31,6 +31,8 @@ pub(super) enum Node<'a> {
         fmt: ElemFormat,
     },
     View(&'a ViewFile, &'a Layout),
+    /// `model.native.gguf`: stored bytes, verbatim (`fs::native_read`).
+    Native(&'a ViewFile, &'a Layout),
 }
 
 /// The namespace of one mount.
@@ -126,7 +128,7 @@ pub(super) fn build_views(
         .iter()
         .filter_map(|v| match v {
             ModelView::Safetensors(f) => Some(*f),
-            ModelView::Gguf | ModelView::Hf(_) => None,
+            ModelView::Gguf | ModelView::NativeGguf | ModelView::Hf(_) => None,
         })
         .collect();
     // In `requested` order.
@@ -141,11 +143,21 @@ pub(super) fn build_views(
             ModelView::Gguf => ModelGap::of(md, &tensors, &unavailable)
                 .gguf_refusal()
                 .map_or_else(|| views::gguf(&tensors, md).map_err(|e| e.to_string()), Err),
+            ModelView::NativeGguf => ModelGap::of(md, &tensors, &unavailable)
+                .gguf_refusal()
+                .map_or_else(
+                    || {
+                        let infos: Vec<&TensorInfo> =
+                            files.iter().map(|f| &entries[f.index]).collect();
+                        views::native_gguf(b, &infos, &tensors, md).map_err(|e| e.to_string())
+                    },
+                    Err,
+                ),
             // Built by `hf::build`.
             ModelView::Hf(_) => continue,
         };
         let mut notes = Vec::new();
-        if !unavailable.is_empty() && view != ModelView::Gguf {
+        if !unavailable.is_empty() && !matches!(view, ModelView::Gguf | ModelView::NativeGguf) {
             notes.push(format!(
                 "{} unavailable tensor(s) left out: {}",
                 unavailable.len(),
@@ -465,7 +477,13 @@ impl TensorFs {
     /// The tensor file or offered model view behind an inode.
     pub(super) fn node(&self, ino: u64) -> Option<Node<'_>> {
         if let Some(v) = self.ns.views.iter().find(|v| v.view.ino() == ino) {
-            return v.layout.as_ref().ok().map(|l| Node::View(v, l));
+            return v.layout.as_ref().ok().map(|l| {
+                if v.view == ModelView::NativeGguf {
+                    Node::Native(v, l)
+                } else {
+                    Node::View(v, l)
+                }
+            });
         }
         let fmt = ElemFormat::from_ordinal(ino / FORMAT_INO_STRIDE)?;
         if !self.ns.formats.contains(&fmt) {
@@ -539,7 +557,7 @@ impl TensorFs {
                         ..base
                     })
                 }
-                Node::View(_, l) => Ok(Attr {
+                Node::View(_, l) | Node::Native(_, l) => Ok(Attr {
                     size: l.size(),
                     mtime: self.ns.views_mtime,
                     ..base
