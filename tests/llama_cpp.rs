@@ -12,7 +12,10 @@
 //! - llama.cpp maps the mount's file (`CPU_Mapped` buffers: mmap, its
 //!   default), it does not read it into memory;
 //! - the same (but for the committed figure) on the mount of a
-//!   self-contained `.rknot` encoded from SmolLM2 with the defaults.
+//!   self-contained `.rknot` encoded from SmolLM2 with the defaults;
+//! - on `model.native.gguf` (the Q4_1 blocks as stored) the same greedy
+//!   tokens as on the source file, and the same perplexity estimates, to
+//!   the last printed digit, as llama-perplexity on the source file.
 //!
 //! Opt-in: set RKNOT_LLAMA_BIN, when building and running the tests, to the
 //! directory `tools/llama-cpp.sh --print-bin-dir` prints (it builds the tools
@@ -206,7 +209,38 @@ fn llama_cpp_tools_on_the_gguf_view() {
         estimate, want,
         "perplexity: mount vs the committed llama.cpp figure"
     );
+    native_view_runs_as_the_source(&bin, &model, &from_source);
 }
+}
+
+/// `model.native.gguf` of `model` (the Q4_1 blocks as stored): llama.cpp
+/// maps it, answers what it answers on the source file (`from_source`),
+/// and its perplexity estimates are the source file's, to the last digit.
+fn native_view_runs_as_the_source(bin: &Path, model: &Path, from_source: &str) {
+    let m = Mounted::new(model, &[]);
+    let native = m.path("model.native.gguf");
+    let (from_native, err) = complete(bin, &native);
+    assert_mapped("llama-completion on the native view", &err);
+    assert!(
+        from_native.starts_with(" Paris"),
+        "{PROMPT:?} -> {from_native:?}\n{err}"
+    );
+    assert_eq!(
+        from_native, from_source,
+        "native view vs the source GGUF\n{err}"
+    );
+    let (estimate, windows, err) = perplexity(bin, &native);
+    assert_mapped("llama-perplexity on the native view", &err);
+    let (estimate_source, windows_source, _) = perplexity(bin, model);
+    eprintln!("native view: {estimate} ({windows}); source file: {estimate_source}");
+    assert_eq!(
+        estimate, estimate_source,
+        "perplexity: native view vs source"
+    );
+    assert_eq!(
+        windows, windows_source,
+        "per-window perplexity: native view vs source"
+    );
 }
 
 needs! { [llama_cpp, model, fuse]

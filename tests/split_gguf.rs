@@ -110,11 +110,11 @@ fn mounted_tensor_hashes(m: &Mounted, names: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// sha256 of every file of a mount's views (model.gguf, model.safetensors
-/// and everything under hf/), by name.
+/// sha256 of every file of a mount's views (model.gguf, model.native.gguf,
+/// model.safetensors and everything under hf/), by name.
 fn view_hashes(m: &Mounted) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for v in ["model.gguf", "model.safetensors"] {
+    for v in ["model.gguf", "model.native.gguf", "model.safetensors"] {
         out.push((
             v.to_string(),
             sha256_hex(&std::fs::read(m.path(v)).unwrap()),

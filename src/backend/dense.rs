@@ -427,6 +427,10 @@ impl Backend for DenseBackend {
         ))
     }
 
+    fn read_stored_blocks(&self, index: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_stored(index, offset, buf)
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
         let src = self.file_of(ext)?;

@@ -230,6 +230,25 @@ pub trait Backend: Send + Sync {
     /// None for an index the backend does not have, or a tensor listed
     /// without bytes of its own (an unavailable vocabulary placeholder).
     fn stored_ranges(&self, index: usize) -> Option<StoredRanges<'_>>;
+
+    /// Bytes `[offset, offset + buf.len())` of tensor `index`'s stored ggml
+    /// blocks, verbatim, for a view that serves them as they are stored
+    /// (`model.native.gguf`): through the same checks as [`Backend::read_f32`]
+    /// (the file's CRC-32s, a remote source's pinned version, a wrapper's
+    /// manifest). A backend whose tensors are not ggml blocks refuses.
+    fn read_stored_blocks(&self, index: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let _ = (offset, buf);
+        let name = self
+            .tensors()
+            .info(index)
+            .map_or_else(String::new, |t| t.name.dot.clone());
+        Err(err(
+            ErrorKind::UnsupportedType,
+            "this source's tensors are not served as stored ggml blocks",
+        )
+        .tensor(&name)
+        .path(&self.summary().path))
+    }
 }
 
 /// Tell each remote source file of `backend` where its tensors' stored

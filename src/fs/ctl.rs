@@ -448,7 +448,7 @@ impl TensorFs {
                 Ok(l) => format!(
                     "view:      {} ({}, {} B)\n",
                     v.view.name(),
-                    v.view.format().dtype(),
+                    v.view.dtype(),
                     l.size()
                 ),
                 Err(why) => format!("view:      {} absent: {}\n", v.view.name(), Escaped(why)),
@@ -505,7 +505,7 @@ impl TensorFs {
                 "dropped": self.prefetch.dropped(),
             },
             "views": self.ns.views.iter().map(|v| match &v.layout {
-                Ok(l) => json!({"name": v.view.name(), "dtype": v.view.format().dtype(), "size": l.size()}),
+                Ok(l) => json!({"name": v.view.name(), "dtype": v.view.dtype(), "size": l.size()}),
                 Err(why) => json!({"name": v.view.name(), "absent": why}),
             }).collect::<Vec<_>>(),
             "unserved": self.ns.unserved.iter().map(|(n, why)| json!({"name": n, "reason": why})).collect::<Vec<_>>(),

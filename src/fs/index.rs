@@ -105,10 +105,10 @@ fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> V
             let mut e = json!({
                 "name": vf.view.name(),
                 "kind": match vf.view {
-                    ModelView::Gguf => "gguf",
+                    ModelView::Gguf | ModelView::NativeGguf => "gguf",
                     ModelView::Safetensors(_) | ModelView::Hf(_) => "safetensors",
                 },
-                "dtype": vf.view.format().dtype(),
+                "dtype": vf.view.dtype(),
                 "available": vf.layout.is_ok(),
             });
             match &vf.layout {

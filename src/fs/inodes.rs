@@ -22,6 +22,8 @@ pub const GGUF_INO: u64 = 5;
 pub const F16_SAFETENSORS_INO: u64 = 6;
 /// Inode of `model.bf16.safetensors`.
 pub const BF16_SAFETENSORS_INO: u64 = 7;
+/// Inode of `model.native.gguf` (the stored ggml blocks, verbatim).
+pub const NATIVE_GGUF_INO: u64 = 10;
 /// Tensor files of format k live at `16 + i + k * FORMAT_INO_STRIDE`.
 pub const FORMAT_INO_STRIDE: u64 = 1 << 32;
 pub const FIRST_TENSOR_INO: u64 = 16;

@@ -55,6 +55,7 @@ pub mod hf;
 mod index;
 mod inodes;
 mod namespace;
+mod native_read;
 pub mod passthrough;
 mod prefetch;
 mod read;

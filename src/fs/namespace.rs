@@ -36,6 +36,8 @@ pub(super) enum Node<'a> {
     View(&'a ViewFile, &'a Layout),
     /// An HF-named file in Hugging Face row order, its bytes `Layout`.
     Alias(&'a AliasFile, &'a Layout),
+    /// `model.native.gguf`: stored bytes, verbatim (`fs::native_read`).
+    Native(&'a ViewFile, &'a Layout),
 }
 
 /// The namespace of one mount.
@@ -133,7 +135,7 @@ pub(super) fn build_views(
         .iter()
         .filter_map(|v| match v {
             ModelView::Safetensors(f) => Some(*f),
-            ModelView::Gguf | ModelView::Hf(_) => None,
+            ModelView::Gguf | ModelView::NativeGguf | ModelView::Hf(_) => None,
         })
         .collect();
     // In `requested` order.
@@ -148,11 +150,21 @@ pub(super) fn build_views(
             ModelView::Gguf => ModelGap::of(md, &tensors, &unavailable)
                 .gguf_refusal()
                 .map_or_else(|| views::gguf(&tensors, md).map_err(|e| e.to_string()), Err),
+            ModelView::NativeGguf => ModelGap::of(md, &tensors, &unavailable)
+                .gguf_refusal()
+                .map_or_else(
+                    || {
+                        let infos: Vec<&TensorInfo> =
+                            files.iter().map(|f| &entries[f.index]).collect();
+                        views::native_gguf(b, &infos, &tensors, md).map_err(|e| e.to_string())
+                    },
+                    Err,
+                ),
             // Built by `hf::build`.
             ModelView::Hf(_) => continue,
         };
         let mut notes = Vec::new();
-        if !unavailable.is_empty() && view != ModelView::Gguf {
+        if !unavailable.is_empty() && !matches!(view, ModelView::Gguf | ModelView::NativeGguf) {
             notes.push(format!(
                 "{} unavailable tensor(s) left out: {}",
                 unavailable.len(),
@@ -479,7 +491,13 @@ impl TensorFs {
             return a.layouts.get(k).map(|l| Node::Alias(a, l));
         }
         if let Some(v) = self.ns.views.iter().find(|v| v.view.ino() == ino) {
-            return v.layout.as_ref().ok().map(|l| Node::View(v, l));
+            return v.layout.as_ref().ok().map(|l| {
+                if v.view == ModelView::NativeGguf {
+                    Node::Native(v, l)
+                } else {
+                    Node::View(v, l)
+                }
+            });
         }
         let fmt = ElemFormat::from_ordinal(ino / FORMAT_INO_STRIDE)?;
         if !self.ns.formats.contains(&fmt) {
@@ -559,7 +577,7 @@ impl TensorFs {
                     mtime: self.shared.files[a.file].mtime,
                     ..base
                 }),
-                Node::View(_, l) => Ok(Attr {
+                Node::View(_, l) | Node::Native(_, l) => Ok(Attr {
                     size: l.size(),
                     mtime: self.ns.views_mtime,
                     ..base

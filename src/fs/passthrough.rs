@@ -294,7 +294,12 @@ impl TensorFs {
     /// Whether an open of `ino` should go through the store and passthrough
     /// (a tensor file or view, the store on, passthrough possible).
     pub fn wants_passthrough(&self, ino: u64) -> bool {
-        self.decoded.as_ref().is_some_and(|d| d.enabled()) && self.node(ino).is_some()
+        // The native view is the source's own bytes: it is not decoded, so
+        // the store has nothing to add (the daemon serves it).
+        self.decoded.as_ref().is_some_and(|d| d.enabled())
+            && self
+                .node(ino)
+                .is_some_and(|n| !matches!(n, Node::Native(..)))
     }
 
     /// The store entry holding all of `ino`'s bytes, decoding it now if it
@@ -320,6 +325,15 @@ impl TensorFs {
                 l.fmt(),
                 format!("{}.{}", a.name.dot, l.fmt().ext()),
             ),
+            Node::Native(v, _) => {
+                return Err(crate::error::err(
+                    crate::ErrorKind::UnsupportedType,
+                    format!(
+                        "{} is served from the source's bytes, not stored",
+                        v.view.name()
+                    ),
+                ));
+            }
             Node::View(v, l) => (
                 json!({
                     "view": v.view.name(),
@@ -364,7 +378,7 @@ impl TensorFs {
         let work = self.render_plan(node, fmt, piece);
         let header: &[u8] = match node {
             Node::View(_, l) | Node::Alias(_, l) => l.header(),
-            Node::Tensor { .. } => &[],
+            Node::Tensor { .. } | Node::Native(..) => &[],
         };
         let workers = cores.min(work.len()).max(1);
         let next = AtomicUsize::new(0);
@@ -431,6 +445,8 @@ impl TensorFs {
         };
         match node {
             Node::Tensor { f, .. } => tensor(&mut plan, 0, *f, 0, self.shared.files[*f].n_elements),
+            // Never stored (`decoded_entry`).
+            Node::Native(..) => {}
             Node::View(_, l) | Node::Alias(_, l) => {
                 let mut at = 0u64;
                 for p in l.pieces(0, l.size()) {

@@ -179,6 +179,7 @@ impl TensorFs {
         let r = match node {
             Node::Tensor { f, fmt } => self.read_tensor(*f, *fmt, fh, offset, size, order),
             Node::View(_, l) | Node::Alias(_, l) => self.read_view(l, fh, offset, size, order),
+            Node::Native(_, l) => self.read_native(l, offset, size),
         };
         c.reads_in_flight.fetch_sub(1, Ordering::Relaxed);
         match r {
@@ -194,7 +195,7 @@ impl TensorFs {
                 }
                 let what = match node {
                     Node::Tensor { f, fmt } => format!("{}.{}", self.tensor_name(*f), fmt.ext()),
-                    Node::View(v, _) => v.view.name().to_string(),
+                    Node::View(v, _) | Node::Native(v, _) => v.view.name().to_string(),
                     Node::Alias(a, l) => format!("{}.{}", a.name.dot, l.fmt().ext()),
                 };
                 // One line per file and kind of error per window: a reader

@@ -213,9 +213,13 @@ fn building_and_reading_view_headers_decodes_nothing() {
         prefetch_threads: 0,
         ..FsConfig::default()
     });
-    // The root's 4 and hf/'s 3.
-    assert_eq!(fs.ns.views.len(), 7);
+    // The root's 5 and hf/'s 3; a .rknot has no native view.
+    assert_eq!(fs.ns.views.len(), 8);
     for v in &fs.ns.views {
+        if v.view == ModelView::NativeGguf {
+            assert!(v.layout.is_err());
+            continue;
+        }
         let l = v.layout.as_ref().unwrap();
         let ino = v.view.ino();
         let fh = open_ro(&fs, ino).unwrap().fh;
@@ -411,8 +415,10 @@ fn views_say_why_they_are_absent() {
     assert_eq!(v["views"]["metadata_from"], "fallback");
     assert_eq!(view(&v, "model.gguf")["available"], true);
     assert_eq!(v["views"]["tensor_formats"], json!(["f32"]));
-    // model.safetensors, model.gguf, hf/model.safetensors.
-    assert!(v["views"]["files"].as_array().unwrap().len() == 3);
+    // model.safetensors, model.gguf, model.native.gguf (absent: .rknot
+    // blocks are no ggml type), hf/model.safetensors.
+    assert!(v["views"]["files"].as_array().unwrap().len() == 4);
+    assert_eq!(view(&v, "model.native.gguf")["available"], false);
     assert_eq!(v["views"]["hf"]["available"], true);
     let t0 = &v["tensors"][0]["files"];
     assert_eq!(

@@ -87,7 +87,7 @@ pub fn gguf_metadata(md: &Metadata) -> Result<(Metadata, u64)> {
 /// F32: `general.file_type` 0; the alignment as u32), and the alignment.
 /// [`gguf`] encodes the source's metadata with these in place, without a
 /// copy of it; [`gguf_metadata`] is the same as a value.
-fn gguf_overrides(md: &Metadata) -> Result<(Vec<(&'static str, MetaValue)>, u64)> {
+pub(super) fn gguf_overrides(md: &Metadata) -> Result<(Vec<(&'static str, MetaValue)>, u64)> {
     const FILE_TYPE: &str = "general.file_type";
     let alignment = match md.get(ALIGNMENT_KEY) {
         None => DEFAULT_ALIGNMENT,
@@ -131,10 +131,28 @@ pub fn gguf(tensors: &[ViewTensor], md: &Metadata) -> Result<Built> {
         infos.push((t.name.to_string(), ne, GgmlType::F32));
     }
     let (header, offsets) = gguf::encode_header_with(md, &overrides, &infos, alignment)?;
-    let base = header.len() as u64;
+    let (segments, size) = place(header.len() as u64, tensors, &offsets, &lens, alignment)?;
+    Ok(Built {
+        layout: Layout::new(header, ElemFormat::F32, segments, size)?,
+        notes: vec![format!(
+            "general.file_type = 0 (all F32), alignment {alignment}"
+        )],
+    })
+}
+
+/// The segments of a GGUF view whose header is `base` bytes: tensor `i` of
+/// `tensors` at data offset `offsets[i]`, `lens[i]` bytes long; and the
+/// view's size (the data padded to the alignment, as gguf-py writes it).
+pub(super) fn place(
+    base: u64,
+    tensors: &[ViewTensor],
+    offsets: &[u64],
+    lens: &[u64],
+    alignment: u64,
+) -> Result<(Vec<Segment>, u64)> {
     let mut segments = Vec::with_capacity(tensors.len());
     let mut data_end = 0u64;
-    for ((t, &off), &len) in tensors.iter().zip(&offsets).zip(&lens) {
+    for ((t, &off), &len) in tensors.iter().zip(offsets).zip(lens) {
         segments.push(Segment {
             start: add(base, off, "gguf tensor offset")?,
             len,
@@ -144,10 +162,5 @@ pub fn gguf(tensors: &[ViewTensor], md: &Metadata) -> Result<Built> {
         data_end = add(off, len, "gguf data size")?;
     }
     let size = add(base, gguf::align_up(data_end, alignment)?, "gguf size")?;
-    Ok(Built {
-        layout: Layout::new(header, ElemFormat::F32, segments, size)?,
-        notes: vec![format!(
-            "general.file_type = 0 (all F32), alignment {alignment}"
-        )],
-    })
+    Ok((segments, size))
 }

@@ -125,6 +125,46 @@ impl Layout {
         })
     }
 
+    /// A layout whose segments are tensors' stored bytes, verbatim
+    /// (`model.native.gguf`): any length, rows in stored order, read
+    /// through `fs::native_read`, never through the decoded path (so `fmt`
+    /// is F32 only to fill the field).
+    pub fn stored(header: Vec<u8>, segments: Vec<Segment>, size: u64) -> Result<Layout> {
+        if segments.iter().any(|s| s.rows.is_some()) {
+            return Err(err(
+                ErrorKind::BadValue,
+                "internal error: a stored-bytes view segment permutes rows",
+            ));
+        }
+        let mut pos = header.len() as u64;
+        if pos > size || size > i64::MAX as u64 {
+            return Err(err(
+                ErrorKind::TooLarge,
+                format!("the view would be {size} bytes (header {pos})"),
+            ));
+        }
+        for s in &segments {
+            let end = add(s.start, s.len, "view segment end")?;
+            if s.start < pos || end > size {
+                return Err(err(
+                    ErrorKind::BadValue,
+                    format!(
+                        "internal error: stored view segment [{}, {end}) overlaps byte {pos} or \
+                         ends past the size {size}",
+                        s.start
+                    ),
+                ));
+            }
+            pos = end;
+        }
+        Ok(Layout {
+            header,
+            fmt: ElemFormat::F32,
+            segments,
+            size,
+        })
+    }
+
     pub fn header(&self) -> &[u8] {
         &self.header
     }

@@ -25,15 +25,18 @@
 
 mod gguf;
 mod layout;
+mod native;
 mod safetensors;
 
 pub use self::gguf::{gguf, gguf_metadata, gguf_missing_keys, gguf_missing_tensors};
 pub use self::layout::{Layout, Piece, Segment, chunks_after};
+pub use self::native::native_gguf;
 pub use self::safetensors::{SAFETENSORS_MAX_HEADER, meta_string, safetensors, safetensors_all};
 pub(in crate::fs) use self::safetensors::{header_start, safetensors_with};
 pub use super::elem::{ElemFormat, encode_into};
 pub use super::inodes::{
-    BF16_SAFETENSORS_INO, F16_SAFETENSORS_INO, FORMAT_INO_STRIDE, GGUF_INO, SAFETENSORS_INO,
+    BF16_SAFETENSORS_INO, F16_SAFETENSORS_INO, FORMAT_INO_STRIDE, GGUF_INO, NATIVE_GGUF_INO,
+    SAFETENSORS_INO,
 };
 pub use crate::arch::rows::RowGroups;
 
@@ -102,6 +105,9 @@ impl ViewSet {
 pub enum ModelView {
     Safetensors(ElemFormat),
     Gguf,
+    /// `model.native.gguf`: every tensor in its stored ggml type, its bytes
+    /// the source's ([`native`]).
+    NativeGguf,
     /// `hf/model.safetensors` (and its F16/BF16 forms): Hugging Face names
     /// and row order ([`super::hf`]).
     Hf(ElemFormat),
@@ -109,9 +115,10 @@ pub enum ModelView {
 
 impl ModelView {
     /// In listing order.
-    pub const ALL: [ModelView; 7] = [
+    pub const ALL: [ModelView; 8] = [
         ModelView::Safetensors(ElemFormat::F32),
         ModelView::Gguf,
+        ModelView::NativeGguf,
         ModelView::Safetensors(ElemFormat::F16),
         ModelView::Safetensors(ElemFormat::Bf16),
         ModelView::Hf(ElemFormat::F32),
@@ -126,6 +133,7 @@ impl ModelView {
             ModelView::Safetensors(ElemFormat::F16) => "model.f16.safetensors",
             ModelView::Safetensors(ElemFormat::Bf16) => "model.bf16.safetensors",
             ModelView::Gguf => "model.gguf",
+            ModelView::NativeGguf => "model.native.gguf",
             ModelView::Hf(ElemFormat::F32) => "hf/model.safetensors",
             ModelView::Hf(ElemFormat::F16) => "hf/model.f16.safetensors",
             ModelView::Hf(ElemFormat::Bf16) => "hf/model.bf16.safetensors",
@@ -149,6 +157,7 @@ impl ModelView {
             ModelView::Safetensors(ElemFormat::F16) => F16_SAFETENSORS_INO,
             ModelView::Safetensors(ElemFormat::Bf16) => BF16_SAFETENSORS_INO,
             ModelView::Gguf => GGUF_INO,
+            ModelView::NativeGguf => NATIVE_GGUF_INO,
             ModelView::Hf(f) => super::inodes::hf_safetensors_ino(f),
         }
     }
@@ -156,7 +165,16 @@ impl ModelView {
     pub fn format(self) -> ElemFormat {
         match self {
             ModelView::Safetensors(f) | ModelView::Hf(f) => f,
-            ModelView::Gguf => ElemFormat::F32,
+            // Offered whatever `--views` says, as the F32 views are.
+            ModelView::Gguf | ModelView::NativeGguf => ElemFormat::F32,
+        }
+    }
+
+    /// The element type its tensors are in, as `ctl` and index.json say it.
+    pub fn dtype(self) -> &'static str {
+        match self {
+            ModelView::NativeGguf => "stored",
+            _ => self.format().dtype(),
         }
     }
 

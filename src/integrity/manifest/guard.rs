@@ -907,6 +907,17 @@ impl Backend for IntegrityBackend {
         self.integrity.after_decode(gate)
     }
 
+    /// Stored blocks pass the same gate as a decode: nothing of a tensor
+    /// the manifest has not verified reaches the native view either.
+    fn read_stored_blocks(&self, index: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let Some(gate) = self.gates.get(index) else {
+            return self.inner.read_stored_blocks(index, offset, buf);
+        };
+        self.integrity.admit(gate)?;
+        self.inner.read_stored_blocks(index, offset, buf)?;
+        self.integrity.after_decode(gate)
+    }
+
     fn source_files(&self) -> Vec<&SourceFile> {
         self.inner.source_files()
     }
