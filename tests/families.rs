@@ -28,7 +28,7 @@ use rknot::probe::weights::{BackendSource, MountSource};
 use rknot::probe::{KvCache, Model, WeightSource};
 
 /// The families checked, by transformers' `model_type`.
-const FAMILIES: &[&str] = &["llama", "qwen2"];
+const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3"];
 
 fn script(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -88,10 +88,7 @@ fn reference(work: &Path, family: &str) -> Reference {
 /// max |a - b| / max |b|.
 fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let diff = a
-        .iter()
-        .zip(b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     diff / scale
 }
 
@@ -129,7 +126,13 @@ fn probe_cli(source: &Path, tokens: &[u32]) -> Result<String, String> {
 
 /// The token id of the first candidate of a probe report.
 fn top1(report: &str) -> Option<u32> {
-    report.lines().nth(1)?.split_whitespace().nth(1)?.parse().ok()
+    report
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn argmax(row: &[f32]) -> u32 {

@@ -1,7 +1,8 @@
 //! A llama-like decoder in fp32 for the families of [`crate::arch`]:
 //! RMSNorm, RoPE (pairs as the family's [`RopeLayout`] says), grouped-query
 //! attention with a KV cache and Q/K/V biases where the file has them
-//! (qwen2), SwiGLU feed-forward, tied or separate output head.
+//! (qwen2), per-head Q/K RMS norms where the family's [`Block`] has them
+//! (qwen3), SwiGLU feed-forward, tied or separate output head.
 //! Hyper-parameters come from the GGUF key/values, weights from a
 //! [`WeightSource`], i.e. the bytes the mount serves.
 
@@ -14,7 +15,7 @@ use rayon::prelude::*;
 use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
 use super::sites::{ActivationRecorder, Site};
 use super::weights::WeightSource;
-use crate::arch::{Architecture, RopeLayout};
+use crate::arch::{Architecture, Block, RopeLayout};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
 
@@ -320,6 +321,9 @@ struct Layer {
     /// one pass over the activations computes all three.
     wqkv: Matrix,
     bqkv: Option<Vec<f32>>,
+    /// Per-head RMS norm weights of the queries and keys (head_dim each),
+    /// applied before RoPE.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     wo: Matrix,
     ffn_norm: Vec<f32>,
     /// Gate and up stacked: `[2 d_ff, d_model]`.
@@ -400,6 +404,15 @@ pub(crate) fn fits_in_memory(bytes: usize) -> bool {
     match kib {
         Some(k) => (bytes as u64) <= k.saturating_mul(1024) / 4 * 3,
         None => true,
+    }
+}
+
+/// RMS-norm each `weight.len()`-long piece of `x` (each head) in place.
+fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mut piece = vec![0f32; weight.len()];
+    for head in x.chunks_exact_mut(weight.len()) {
+        rms_norm(head, weight, eps, &mut piece);
+        head.copy_from_slice(&piece);
     }
 }
 
@@ -490,6 +503,8 @@ impl Model {
         cfg.n_vocab = n_vocab;
         cfg.tied_embeddings = src.shape("output.weight").is_none();
         let has_bias = src.shape("blk.0.attn_q.bias").is_some();
+        let block: Block = cfg.arch.block();
+        let hd64 = cfg.head_dim as u64;
 
         let (d64, ff64, qd64, kvd64, v64) =
             (d as u64, ff as u64, qd as u64, kvd as u64, n_vocab as u64);
@@ -522,6 +537,12 @@ impl Model {
                 (p("ffn_up.weight"), vec![ff64, d64]),
                 (p("ffn_down.weight"), vec![d64, ff64]),
             ]);
+            if block.qk_norm {
+                plan.extend([
+                    (p("attn_q_norm.weight"), vec![hd64]),
+                    (p("attn_k_norm.weight"), vec![hd64]),
+                ]);
+            }
             if has_bias {
                 plan.extend([
                     (p("attn_q.bias"), vec![qd64]),
@@ -580,6 +601,13 @@ impl Model {
                 } else {
                     None
                 },
+                qk_norm: match block.qk_norm {
+                    true => Some((
+                        zeros(1, cfg.head_dim, "attn_q_norm")?,
+                        zeros(1, cfg.head_dim, "attn_k_norm")?,
+                    )),
+                    false => None,
+                },
                 wo: Matrix::one(&p("attn_output.weight"), d, qd, streamed)?,
                 ffn_norm: zeros(1, d, "ffn_norm")?,
                 w_gate_up: Matrix::new(
@@ -631,6 +659,18 @@ impl Model {
                 shape: vec![d64],
                 out: &mut l.ffn_norm,
             });
+            if let Some((qn, kn)) = l.qk_norm.as_mut() {
+                jobs.push(Job {
+                    name: p("attn_q_norm.weight"),
+                    shape: vec![hd64],
+                    out: qn,
+                });
+                jobs.push(Job {
+                    name: p("attn_k_norm.weight"),
+                    shape: vec![hd64],
+                    out: kn,
+                });
+            }
             l.wqkv.jobs(d, &mut jobs);
             l.wo.jobs(qd, &mut jobs);
             l.w_gate_up.jobs(d, &mut jobs);
@@ -711,7 +751,11 @@ impl Model {
             .collect();
         let bad = layers
             .iter()
-            .flat_map(|l| [&l.attn_norm, &l.ffn_norm])
+            .flat_map(|l| {
+                [&l.attn_norm, &l.ffn_norm]
+                    .into_iter()
+                    .chain(l.qk_norm.iter().flat_map(|(q, k)| [q, k]))
+            })
             .chain([&out_norm])
             .any(|w| w.iter().any(|v| !v.is_finite()));
         if bad {
@@ -906,6 +950,10 @@ impl Model {
                 }
                 let (qr, rest) = row.split_at_mut(qd);
                 let (kr, vr) = rest.split_at_mut(kvd);
+                if let Some((qn, kn)) = &l.qk_norm {
+                    rms_norm_in_place(qr, qn, c.rms_eps);
+                    rms_norm_in_place(kr, kn, c.rms_eps);
+                }
                 self.rope(qr, c.n_head, p0 + i);
                 self.rope(kr, c.n_head_kv, p0 + i);
                 q[i * qd..(i + 1) * qd].copy_from_slice(qr);
