@@ -24,11 +24,54 @@ use std::process::Command;
 
 use common::mount::{Mounted, fuse_available};
 use common::*;
+use rknot::probe::sites::{ActivationRecorder, Site};
 use rknot::probe::weights::{BackendSource, MountSource};
 use rknot::probe::{KvCache, Model, WeightSource};
 
-/// The families checked, by transformers' `model_type`.
-const FAMILIES: &[&str] = &["llama", "qwen2", "qwen3"];
+/// A checkpoint of tests/data/families/make.py and what is checked on it.
+struct Family {
+    /// make.py's name (transformers' `model_type`, or a variant of one).
+    name: &'static str,
+    /// `hf/` is offered and transformers loads it; false: `hf/` is absent
+    /// and index.json's reason names an expert tensor.
+    hf: bool,
+    /// The safetensors directory serves the GGUF's tensors (false: its
+    /// per-expert tensors are not stacked into the 3-D ones).
+    safetensors: bool,
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "llama",
+        hf: true,
+        safetensors: true,
+    },
+    Family {
+        name: "qwen2",
+        hf: true,
+        safetensors: true,
+    },
+    Family {
+        name: "qwen3",
+        hf: true,
+        safetensors: true,
+    },
+    Family {
+        name: "mixtral",
+        hf: false,
+        safetensors: false,
+    },
+    Family {
+        name: "qwen3_moe",
+        hf: false,
+        safetensors: false,
+    },
+    Family {
+        name: "qwen3_moe_forced",
+        hf: false,
+        safetensors: false,
+    },
+];
 
 fn script(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -147,13 +190,14 @@ fn argmax(row: &[f32]) -> u32 {
 
 /// What the probe gets wrong on `family`'s mounted GGUF and its
 /// safetensors directory.
-fn probe_problems(work: &Path, family: &str, gguf_mount: &Path) -> Vec<String> {
+fn probe_problems(work: &Path, fam: &Family, gguf_mount: &Path) -> Vec<String> {
+    let family = fam.name;
     let r = reference(work, family);
     let mut wrong = Vec::new();
     let want_top1 = argmax(&r.logits[r.logits.len() - r.n_vocab..]);
     let mut reports = Vec::new();
     let checkpoint = work.join(family);
-    let sources: [(&str, Result<Box<dyn WeightSource>, String>, &Path); 2] = [
+    let mut sources: Vec<(&str, Result<Box<dyn WeightSource>, String>, &Path)> = vec![
         (
             "the mounted GGUF",
             MountSource::open(gguf_mount, None)
@@ -169,6 +213,9 @@ fn probe_problems(work: &Path, family: &str, gguf_mount: &Path) -> Vec<String> {
             &checkpoint,
         ),
     ];
+    if !fam.safetensors {
+        sources.pop();
+    }
     for (what, src, path) in sources {
         match src.and_then(|s| probe_logits(s.as_ref(), &r.tokens)) {
             Err(e) => wrong.push(format!("{family}: the probe on {what}: {e}")),
@@ -210,6 +257,67 @@ fn probe_problems(work: &Path, family: &str, gguf_mount: &Path) -> Vec<String> {
     wrong
 }
 
+/// Rows the forward pass showed a recorder, per layer: the layer's
+/// `ffn_in` and each expert's own `ffn_in` / `ffn_down_in`.
+#[derive(Default)]
+struct RoutedRows {
+    ffn_in: Vec<usize>,
+    /// `[layer][expert]`: (ffn_in rows, ffn_down_in rows).
+    experts: Vec<Vec<(usize, usize)>>,
+}
+
+impl ActivationRecorder for RoutedRows {
+    fn record(&mut self, layer: usize, site: Site, _x: &[f32], n: usize) {
+        if site == Site::FfnIn {
+            self.ffn_in.resize(self.ffn_in.len().max(layer + 1), 0);
+            self.ffn_in[layer] += n;
+        }
+    }
+
+    fn record_expert(&mut self, layer: usize, expert: usize, site: Site, _x: &[f32], n: usize) {
+        self.experts
+            .resize(self.experts.len().max(layer + 1), Vec::new());
+        let l = &mut self.experts[layer];
+        l.resize(l.len().max(expert + 1), (0, 0));
+        match site {
+            Site::FfnIn => l[expert].0 += n,
+            Site::FfnDownIn => l[expert].1 += n,
+            _ => {}
+        }
+    }
+}
+
+/// With the router forced to expert 0 (make.py's `force_expert_0`), the
+/// recorder sees every row at expert 0 and none at the others.
+fn forced_router_problems(family: &str, mount: &Path) -> Vec<String> {
+    let src = MountSource::open(mount, None).unwrap();
+    let model = Model::load(&src).unwrap();
+    let n_expert = model.config.moe.map(|m| m.n_expert).unwrap_or(0);
+    let tokens = [5u32, 6, 7, 8, 9];
+    let mut rec = RoutedRows::default();
+    let mut cache = KvCache::new(&model.config);
+    model
+        .forward_recorded(&tokens, &mut cache, 0..1, Some(&mut rec))
+        .unwrap();
+    let mut wrong = Vec::new();
+    for layer in 0..model.config.n_layer {
+        let mut want = vec![(0, 0); n_expert];
+        if let Some(w) = want.first_mut() {
+            *w = (tokens.len(), tokens.len());
+        }
+        let mut got = rec.experts.get(layer).cloned().unwrap_or_default();
+        got.resize(n_expert, (0, 0));
+        if got != want || rec.ffn_in.get(layer) != Some(&tokens.len()) {
+            wrong.push(format!(
+                "{family}: layer {layer}: experts saw {got:?} rows (want {want:?}), the layer's \
+                 ffn_in {:?}",
+                rec.ffn_in.get(layer)
+            ));
+        }
+    }
+    wrong
+}
+
 needs! { [hf, llama_cpp, model, fuse]
 fn every_family_matches_transformers() {
     let model = smollm2().expect("the SmolLM2 model");
@@ -226,13 +334,31 @@ fn every_family_matches_transformers() {
         }
     }
     let mut args: Vec<&std::ffi::OsStr> = vec![smol.as_os_str(), w.as_os_str()];
-    args.extend(FAMILIES.iter().map(std::ffi::OsStr::new));
+    args.extend(FAMILIES.iter().map(|f| std::ffi::OsStr::new(f.name)));
     python("make.py", &args);
 
     let mut wrong = Vec::new();
     let mut mounts = Vec::new();
-    for f in FAMILIES {
+    for fam in FAMILIES {
+        let f = fam.name;
         let gguf = Mounted::new(&w.join(format!("{f}.gguf")), &[]);
+        if !fam.hf {
+            let index: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(gguf.path("index.json")).unwrap()).unwrap();
+            let why = index["views"]["hf"]["unavailable_reason"]
+                .as_str()
+                .unwrap_or_default();
+            if gguf.path("hf").exists() || !(why.contains("_exps.weight") && why.contains("expert")) {
+                wrong.push(format!("{f}: hf/ should be absent, naming the experts: {why:?}"));
+            }
+        }
+        if f.ends_with("_forced") {
+            wrong.extend(forced_router_problems(f, &gguf.mp));
+        }
+        wrong.extend(probe_problems(w, fam, &gguf.mp));
+        if !fam.hf {
+            continue;
+        }
         let st = Mounted::new(&w.join(f), &[]);
         for (label, m) in [(f.to_string(), &gguf), (format!("{f}:safetensors"), &st)] {
             if !m.path("hf").join("config.json").is_file() {
@@ -240,7 +366,6 @@ fn every_family_matches_transformers() {
                 wrong.push(format!("{label}: no hf/ ({index:.400})"));
             }
         }
-        wrong.extend(probe_problems(w, f, &gguf.mp));
         mounts.push((f, gguf, st));
     }
     let labels: Vec<std::ffi::OsString> = mounts
@@ -264,7 +389,7 @@ fn every_family_matches_transformers() {
     }
     assert_eq!(
         out.lines().count(),
-        2 * FAMILIES.len(),
+        2 * FAMILIES.iter().filter(|f| f.hf).count(),
         "check.py reported on every mount:\n{out}"
     );
     drop(mounts);

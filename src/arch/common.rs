@@ -24,6 +24,8 @@ pub enum Role {
     FfnGate,
     FfnUp,
     FfnDown,
+    /// The router of a mixture-of-experts layer (`ffn_gate_inp`).
+    Router,
 }
 
 /// The Hugging Face name of a GGUF tensor of a llama-like model

@@ -17,15 +17,22 @@
 pub mod common;
 pub mod hf_import;
 pub mod llama;
+pub mod moe;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3moe;
 
 use std::fmt::Debug;
 
 pub use common::{HfParams, Role, hf_params};
 
 /// Every family this crate understands, by `general.architecture`.
-pub static FAMILIES: &[&dyn Architecture] = &[&llama::Llama, &qwen2::Qwen2, &qwen3::Qwen3];
+pub static FAMILIES: &[&dyn Architecture] = &[
+    &llama::Llama,
+    &qwen2::Qwen2,
+    &qwen3::Qwen3,
+    &qwen3moe::Qwen3Moe,
+];
 
 /// The family of a GGUF `general.architecture` value.
 pub fn lookup(name: &str) -> Option<&'static dyn Architecture> {
@@ -41,7 +48,7 @@ pub fn lookup_hf(model_type: &str) -> Option<&'static dyn Architecture> {
 }
 
 /// The supported `general.architecture` values, for messages:
-/// `"llama", "qwen2" and "qwen3"`.
+/// `"llama", "qwen2", "qwen3" and "qwen3moe"`.
 pub fn supported_list(quoted: bool) -> String {
     let names: Vec<String> = FAMILIES
         .iter()
@@ -148,6 +155,13 @@ pub trait Architecture: Debug + Send + Sync {
         Block::default()
     }
 
+    /// How it routes tokens to experts when the model has them
+    /// (`{arch}.expert_count` > 0); None: the family has no
+    /// mixture-of-experts form.
+    fn moe_routing(&self) -> Option<moe::MoeRouting> {
+        None
+    }
+
     /// How its tokenizer is stored.
     fn tokenizer(&self) -> TokenizerKind {
         TokenizerKind::ByteLevelBpe
@@ -183,8 +197,11 @@ mod tests {
             );
         }
         assert!(lookup_hf("mistral").is_none());
-        assert_eq!(supported_list(true), r#""llama", "qwen2" and "qwen3""#);
-        assert_eq!(supported_list(false), "llama, qwen2 and qwen3");
+        assert_eq!(
+            supported_list(true),
+            r#""llama", "qwen2", "qwen3" and "qwen3moe""#
+        );
+        assert_eq!(supported_list(false), "llama, qwen2, qwen3 and qwen3moe");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! RMSNorm, RoPE (pairs as the family's [`RopeLayout`] says), grouped-query
 //! attention with a KV cache and Q/K/V biases where the file has them
 //! (qwen2), per-head Q/K RMS norms where the family's [`Block`] has them
-//! (qwen3), SwiGLU feed-forward, tied or separate output head.
+//! (qwen3), SwiGLU feed-forward or a mixture of SwiGLU experts
+//! ([`super::moe`]: mixtral, qwen3moe), tied or separate output head.
 //! Hyper-parameters come from the GGUF key/values, weights from a
 //! [`WeightSource`], i.e. the bytes the mount serves.
 
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
+use super::moe::{MoeConfig, MoeFfn};
 use super::sites::{ActivationRecorder, Site};
 use super::weights::WeightSource;
 use crate::arch::{Architecture, Block, RopeLayout};
@@ -26,7 +28,10 @@ pub struct Config {
     pub arch: &'static dyn Architecture,
     pub n_layer: usize,
     pub d_model: usize,
+    /// The feed-forward's hidden size (each expert's, with experts).
     pub d_ff: usize,
+    /// The experts, when the feed-forward is a mixture of them.
+    pub moe: Option<MoeConfig>,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -77,23 +82,11 @@ impl Config {
             )
         })?;
         let k = |s: &str| format!("{arch_name}.{s}");
-        if md
-            .get(&k("expert_count"))
-            .and_then(MetaValue::as_u64)
-            .unwrap_or(0)
-            > 0
-        {
-            return Err(err(
-                ErrorKind::UnsupportedType,
-                format!(
-                    "{} > 0: mixture-of-experts models are not supported",
-                    k("expert_count")
-                ),
-            ));
-        }
         let n_layer = get_u(md, &k("block_count"))?;
         let d_model = get_u(md, &k("embedding_length"))?;
-        let d_ff = get_u(md, &k("feed_forward_length"))?;
+        let dense_ff = get_u(md, &k("feed_forward_length"))?;
+        let moe = MoeConfig::from_metadata(md, arch, dense_ff)?;
+        let d_ff = moe.map_or(dense_ff, |m| m.d_ff);
         let n_head = get_u(md, &k("attention.head_count"))?;
         let n_head_kv = match md.get(&k("attention.head_count_kv")) {
             Some(_) => get_u(md, &k("attention.head_count_kv"))?,
@@ -144,7 +137,11 @@ impl Config {
             .and_then(|h| h.checked_add(n_head_kv))
             .and_then(|h| h.checked_mul(head_dim))
             .and_then(|q| q.checked_mul(d_model));
-        let ffn = d_ff.checked_mul(2).and_then(|f| f.checked_mul(d_model));
+        let experts = moe.map_or(1, |m| m.n_expert);
+        let ffn = d_ff
+            .checked_mul(3)
+            .and_then(|f| f.checked_mul(d_model))
+            .and_then(|f| f.checked_mul(experts));
         if qkv.is_none() || ffn.is_none() {
             return Err(err(
                 ErrorKind::TooLarge,
@@ -203,6 +200,7 @@ impl Config {
             n_layer,
             d_model,
             d_ff,
+            moe,
             n_head,
             n_head_kv,
             head_dim,
@@ -231,11 +229,15 @@ impl Config {
 
     pub fn summary(&self) -> String {
         format!(
-            "{}: {} layers, d {}, ffn {}, heads {}/{} (head {}, rope {} dims base {} {}), vocab {}{}",
+            "{}: {} layers, d {}, ffn {}{}, heads {}/{} (head {}, rope {} dims base {} {}), vocab {}{}",
             self.arch.name(),
             self.n_layer,
             self.d_model,
             self.d_ff,
+            match &self.moe {
+                Some(m) => format!(" x {} experts ({} per token)", m.n_expert, m.n_used),
+                None => String::new(),
+            },
             self.n_head,
             self.n_head_kv,
             self.head_dim,
@@ -326,9 +328,16 @@ struct Layer {
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     wo: Matrix,
     ffn_norm: Vec<f32>,
-    /// Gate and up stacked: `[2 d_ff, d_model]`.
-    w_gate_up: Matrix,
-    w_down: Matrix,
+    ffn: Ffn,
+}
+
+enum Ffn {
+    Dense {
+        /// Gate and up stacked: `[2 d_ff, d_model]`.
+        w_gate_up: Matrix,
+        w_down: Matrix,
+    },
+    Moe(MoeFfn),
 }
 
 /// Loaded weights: norms and biases in fp32, the matrices in fp32 memory
@@ -533,10 +542,15 @@ impl Model {
                 (p("attn_v.weight"), vec![kvd64, d64]),
                 (p("attn_output.weight"), vec![d64, qd64]),
                 (p("ffn_norm.weight"), vec![d64]),
-                (p("ffn_gate.weight"), vec![ff64, d64]),
-                (p("ffn_up.weight"), vec![ff64, d64]),
-                (p("ffn_down.weight"), vec![d64, ff64]),
             ]);
+            match &cfg.moe {
+                Some(m) => plan.extend(super::moe::plan(i, m, d)),
+                None => plan.extend([
+                    (p("ffn_gate.weight"), vec![ff64, d64]),
+                    (p("ffn_up.weight"), vec![ff64, d64]),
+                    (p("ffn_down.weight"), vec![d64, ff64]),
+                ]),
+            }
             if block.qk_norm {
                 plan.extend([
                     (p("attn_q_norm.weight"), vec![hd64]),
@@ -610,12 +624,24 @@ impl Model {
                 },
                 wo: Matrix::one(&p("attn_output.weight"), d, qd, streamed)?,
                 ffn_norm: zeros(1, d, "ffn_norm")?,
-                w_gate_up: Matrix::new(
-                    vec![(p("ffn_gate.weight"), ff), (p("ffn_up.weight"), ff)],
-                    d,
-                    streamed,
-                )?,
-                w_down: Matrix::one(&p("ffn_down.weight"), d, ff, streamed)?,
+                ffn: match cfg.moe {
+                    // Held in memory however the rest is (super::moe).
+                    Some(m) => Ffn::Moe(MoeFfn {
+                        cfg: m,
+                        router: zeros(m.n_expert, d, "ffn_gate_inp")?,
+                        gate: zeros(m.n_expert * ff, d, "ffn_gate_exps")?,
+                        up: zeros(m.n_expert * ff, d, "ffn_up_exps")?,
+                        down: zeros(m.n_expert * d, ff, "ffn_down_exps")?,
+                    }),
+                    None => Ffn::Dense {
+                        w_gate_up: Matrix::new(
+                            vec![(p("ffn_gate.weight"), ff), (p("ffn_up.weight"), ff)],
+                            d,
+                            streamed,
+                        )?,
+                        w_down: Matrix::one(&p("ffn_down.weight"), d, ff, streamed)?,
+                    },
+                },
             });
         }
 
@@ -625,12 +651,10 @@ impl Model {
             let mut matrices: Vec<(&Matrix, usize)> = vec![(&tok_embd, d)];
             matrices.extend(output.as_ref().map(|o| (o, d)));
             for l in &layers {
-                matrices.extend([
-                    (&l.wqkv, d),
-                    (&l.wo, qd),
-                    (&l.w_gate_up, d),
-                    (&l.w_down, ff),
-                ]);
+                matrices.extend([(&l.wqkv, d), (&l.wo, qd)]);
+                if let Ffn::Dense { w_gate_up, w_down } = &l.ffn {
+                    matrices.extend([(w_gate_up, d), (w_down, ff)]);
+                }
             }
             for (m, d_in) in matrices {
                 for (name, rows) in &m.parts {
@@ -673,8 +697,19 @@ impl Model {
             }
             l.wqkv.jobs(d, &mut jobs);
             l.wo.jobs(qd, &mut jobs);
-            l.w_gate_up.jobs(d, &mut jobs);
-            l.w_down.jobs(ff, &mut jobs);
+            match &mut l.ffn {
+                Ffn::Dense { w_gate_up, w_down } => {
+                    w_gate_up.jobs(d, &mut jobs);
+                    w_down.jobs(ff, &mut jobs);
+                }
+                Ffn::Moe(m) => {
+                    let plan = super::moe::plan(i, &m.cfg, d);
+                    let outs = [&mut m.router, &mut m.gate, &mut m.up, &mut m.down];
+                    for ((name, shape), out) in plan.into_iter().zip(outs) {
+                        jobs.push(Job { name, shape, out });
+                    }
+                }
+            }
             if let Some(b) = l.bqkv.as_mut() {
                 let (bq, rest) = b.split_at_mut(qd);
                 let (bk, bv) = rest.split_at_mut(kvd);
@@ -972,7 +1007,17 @@ impl Model {
             if let Some(r) = recorder.as_deref_mut() {
                 r.record(li, Site::FfnIn, &h, n);
             }
-            self.mul(&h, n, &l.w_gate_up, 2 * ff, d, &mut gu, &mut chunk)?;
+            let (w_gate_up, w_down) = match &l.ffn {
+                Ffn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
+                Ffn::Moe(m) => {
+                    m.forward(li, &h, n, d, &mut proj, recorder.as_deref_mut());
+                    for (a, b) in x.iter_mut().zip(&proj) {
+                        *a += b;
+                    }
+                    continue;
+                }
+            };
+            self.mul(&h, n, w_gate_up, 2 * ff, d, &mut gu, &mut chunk)?;
             for (g, a) in gu.chunks_exact_mut(2 * ff).zip(act.chunks_exact_mut(ff)) {
                 let (gate, up) = g.split_at_mut(ff);
                 swiglu(gate, up);
@@ -981,7 +1026,7 @@ impl Model {
             if let Some(r) = recorder.as_deref_mut() {
                 r.record(li, Site::FfnDownIn, &act, n);
             }
-            self.mul(&act, n, &l.w_down, d, ff, &mut proj, &mut chunk)?;
+            self.mul(&act, n, w_down, d, ff, &mut proj, &mut chunk)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }

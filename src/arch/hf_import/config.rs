@@ -66,6 +66,16 @@ static RULES: &[Rules] = &[
         add_space_prefix: false,
         no_bos_vocab: None,
     },
+    // The converter's Qwen3MoeModel: Qwen3's, plus the expert keys.
+    Rules {
+        family: "qwen3moe",
+        vocab_and_rope_dims: false,
+        config_head_dim: true,
+        default_head_dim: Some(128),
+        default_ctx: 32768,
+        add_space_prefix: false,
+        no_bos_vocab: None,
+    },
 ];
 
 /// transformers' defaults for llama's, qwen2's and qwen3's classes alike.
@@ -208,6 +218,16 @@ pub fn hyper_params(
         None if r.config_head_dim => Some(r.default_head_dim.unwrap_or(embd / heads)),
         None => None,
     };
+    // TextModel's expert keys; the expert size is Qwen2/3-MoE's own.
+    for (keys, gguf) in [
+        (&["num_local_experts", "num_experts"][..], "expert_count"),
+        (&["num_experts_per_tok"][..], "expert_used_count"),
+        (&["moe_intermediate_size"][..], "expert_feed_forward_length"),
+    ] {
+        if let Some((k, v)) = find(c, keys) {
+            md.push(key(gguf), MetaValue::U32(u32_of(k, v)?));
+        }
+    }
     if let Some(hd) = head_dim {
         md.push(key("attention.key_length"), MetaValue::U32(hd));
         md.push(key("attention.value_length"), MetaValue::U32(hd));

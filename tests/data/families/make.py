@@ -38,16 +38,38 @@ TEXTS = ["The capital of France is Paris.", "12 + 30 = 42", "  spaces\tand\ttabs
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
               rope_theta=10000.0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-# Per family: what its config needs beyond COMMON (a head_dim other than
-# hidden / heads where the family has the field, experts for MoE).
+# Per checkpoint: transformers' model_type and what its config needs
+# beyond COMMON (a head_dim other than hidden / heads where the family has
+# the field, experts for MoE).
+QWEN3_MOE = dict(head_dim=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
 FAMILY = {
-    "llama": dict(),
-    "qwen2": dict(),
-    "qwen3": dict(head_dim=24),
-    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-    "qwen3_moe": dict(head_dim=24, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
-                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    "llama": ("llama", dict()),
+    "qwen2": ("qwen2", dict()),
+    "qwen3": ("qwen3", dict(head_dim=24)),
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": ("qwen3_moe", QWEN3_MOE),
+    # One expert per token, and the router forced to expert 0 (below).
+    "qwen3_moe_forced": ("qwen3_moe", dict(QWEN3_MOE, num_experts_per_tok=1)),
 }
+
+
+def force_expert_0(model):
+    """Residual channel 0 is 5 for every token in every layer (the
+    embeddings' column 0; nothing writes to it), and each router's only
+    weight is on it: expert 0's logit is positive, the others' 0."""
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 5.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.post_attention_layernorm.weight[0] = 1.0
+            experts = layer.mlp.experts
+            for name, p in experts.named_parameters():
+                if "down" in name:
+                    # [experts, d, ffn] (fused) or [d, ffn] (per expert).
+                    p[..., 0, :] = 0.0
+            layer.mlp.gate.weight.zero_()
+            layer.mlp.gate.weight[0, 0] = 10.0
 
 prefix = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 with tarfile.open(sdist) as tf:
@@ -83,7 +105,8 @@ n_vocab = len(tok["model"]["vocab"])
 
 for fam in families:
     torch.manual_seed(0)
-    cfg = AutoConfig.for_model(fam, vocab_size=n_vocab, **COMMON, **FAMILY[fam])
+    model_type, extra = FAMILY[fam]
+    cfg = AutoConfig.for_model(model_type, vocab_size=n_vocab, **COMMON, **extra)
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     # Weights big enough that the logits are far from uniform (the default
     # init's 0.02 makes every candidate nearly tied): norms around 1.
@@ -93,6 +116,8 @@ for fam in families:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(0.15 * torch.randn_like(p))
+    if fam.endswith("_forced"):
+        force_expert_0(model)
     out = os.path.join(work, fam)
     model.save_pretrained(out)
     with open(os.path.join(out, "tokenizer.json"), "w", encoding="utf-8") as f:
