@@ -188,6 +188,9 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
+/// A weight source as opened, or why not.
+type OpenedSource = Result<Box<dyn WeightSource>, String>;
+
 /// What the probe gets wrong on `family`'s mounted GGUF and its
 /// safetensors directory.
 fn probe_problems(work: &Path, fam: &Family, gguf_mount: &Path) -> Vec<String> {
@@ -197,7 +200,7 @@ fn probe_problems(work: &Path, fam: &Family, gguf_mount: &Path) -> Vec<String> {
     let want_top1 = argmax(&r.logits[r.logits.len() - r.n_vocab..]);
     let mut reports = Vec::new();
     let checkpoint = work.join(family);
-    let mut sources: Vec<(&str, Result<Box<dyn WeightSource>, String>, &Path)> = vec![
+    let mut sources: Vec<(&str, OpenedSource, &Path)> = vec![
         (
             "the mounted GGUF",
             MountSource::open(gguf_mount, None)
@@ -227,7 +230,8 @@ fn probe_problems(work: &Path, fam: &Family, gguf_mount: &Path) -> Vec<String> {
             Ok(got) => {
                 let rel = max_rel_diff(&got, &r.logits);
                 eprintln!("{family}: probe on {what}: logits max relative difference {rel:.3e}");
-                if !(rel <= 1e-3) {
+                // NaN fails too.
+                if rel.is_nan() || rel > 1e-3 {
                     wrong.push(format!(
                         "{family}: the probe on {what}: logits max relative difference {rel:.3e} > 1e-3"
                     ));

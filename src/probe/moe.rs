@@ -44,9 +44,10 @@ impl MoeConfig {
             return Err(err(
                 ErrorKind::UnsupportedType,
                 format!(
-                    "{} = {n_expert}: the probe runs mixture-of-experts {name} models only for \
-                     families that have them",
-                    k("expert_count")
+                    "{} = {n_expert}: {name} has no mixture-of-experts form the probe runs \
+                     (those of {})",
+                    k("expert_count"),
+                    moe_families()
                 ),
             ));
         };
@@ -87,6 +88,16 @@ impl MoeConfig {
             routing,
         }))
     }
+}
+
+/// The families with a mixture-of-experts form, for messages.
+fn moe_families() -> String {
+    crate::arch::FAMILIES
+        .iter()
+        .filter(|a| a.moe_routing().is_some())
+        .map(|a| a.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One layer's router and experts, in fp32.
@@ -178,4 +189,69 @@ pub(super) fn plan(layer: usize, c: &MoeConfig, d: usize) -> Vec<(String, Vec<u6
         (up, vec![e, ff, d]),
         (down, vec![e, d, ff]),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md(arch: &str, keys: &[(&str, u32)]) -> Metadata {
+        let mut md = Metadata::default();
+        md.push("general.architecture", MetaValue::String(arch.into()));
+        for (k, v) in keys {
+            md.push(format!("{arch}.{k}"), MetaValue::U32(*v));
+        }
+        md
+    }
+
+    fn family(name: &str) -> &'static dyn crate::arch::Architecture {
+        crate::arch::lookup(name).unwrap()
+    }
+
+    #[test]
+    fn expert_counts_are_read_and_checked() {
+        let q = family("qwen3moe");
+        let m = md(
+            "qwen3moe",
+            &[
+                ("expert_count", 8),
+                ("expert_used_count", 2),
+                ("expert_feed_forward_length", 48),
+            ],
+        );
+        let c = MoeConfig::from_metadata(&m, q, 96).unwrap().unwrap();
+        assert_eq!((c.n_expert, c.n_used, c.d_ff), (8, 2, 48));
+        // Mixtral: llama with experts, each of the dense size.
+        let m = md("llama", &[("expert_count", 4), ("expert_used_count", 2)]);
+        let c = MoeConfig::from_metadata(&m, family("llama"), 96)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.d_ff, 96);
+        assert!(
+            MoeConfig::from_metadata(&md("qwen3moe", &[]), q, 96)
+                .unwrap()
+                .is_none()
+        );
+        for (keys, why) in [
+            (
+                &[("expert_count", 4), ("expert_used_count", 5)][..],
+                "out of range",
+            ),
+            (
+                &[("expert_count", 4), ("expert_used_count", 0)][..],
+                "out of range",
+            ),
+            (&[("expert_count", 4)][..], "expert_used_count"),
+        ] {
+            let e = MoeConfig::from_metadata(&md("qwen3moe", keys), q, 96).unwrap_err();
+            assert!(e.to_string().contains(why), "{keys:?}: {e}");
+        }
+        let e = MoeConfig::from_metadata(
+            &md("qwen2", &[("expert_count", 4), ("expert_used_count", 2)]),
+            family("qwen2"),
+            96,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("qwen2.expert_count"), "{e}");
+    }
 }
