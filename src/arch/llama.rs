@@ -5,6 +5,7 @@
 use serde_json::json;
 
 use super::common::{LLAMA_LIKE_LAYER_WEIGHTS, Role, llama_like_hf_name};
+use super::moe::MoeRouting;
 use super::{Architecture, AttentionBias, ConfigExtras, RopeLayout};
 
 #[derive(Debug)]
@@ -37,6 +38,13 @@ impl Architecture for Llama {
 
     fn hf_layer_weights(&self) -> &'static [&'static str] {
         LLAMA_LIKE_LAYER_WEIGHTS
+    }
+
+    /// Mixtral: llama.cpp's converter stores MixtralForCausalLM as llama
+    /// with experts; its router soft-maxes, keeps the top k and
+    /// renormalises them.
+    fn moe_routing(&self) -> Option<MoeRouting> {
+        Some(MoeRouting { norm_topk: true })
     }
 
     fn config_extras(&self, biased: bool) -> ConfigExtras {

@@ -17,7 +17,10 @@
 pub mod common;
 pub mod hf_import;
 pub mod llama;
+pub mod moe;
 pub mod qwen2;
+pub mod qwen3;
+pub mod qwen3moe;
 pub mod rows;
 
 use std::fmt::Debug;
@@ -25,7 +28,12 @@ use std::fmt::Debug;
 pub use common::{HfParams, Role, hf_params};
 
 /// Every family this crate understands, by `general.architecture`.
-pub static FAMILIES: &[&dyn Architecture] = &[&llama::Llama, &qwen2::Qwen2];
+pub static FAMILIES: &[&dyn Architecture] = &[
+    &llama::Llama,
+    &qwen2::Qwen2,
+    &qwen3::Qwen3,
+    &qwen3moe::Qwen3Moe,
+];
 
 /// The family of a GGUF `general.architecture` value.
 pub fn lookup(name: &str) -> Option<&'static dyn Architecture> {
@@ -41,7 +49,7 @@ pub fn lookup_hf(model_type: &str) -> Option<&'static dyn Architecture> {
 }
 
 /// The supported `general.architecture` values, for messages:
-/// `"llama" and "qwen2"`.
+/// `"llama", "qwen2", "qwen3" and "qwen3moe"`.
 pub fn supported_list(quoted: bool) -> String {
     let names: Vec<String> = FAMILIES
         .iter()
@@ -97,6 +105,15 @@ pub struct ConfigExtras {
     pub fields: Vec<(&'static str, serde_json::Value)>,
 }
 
+/// What a family's decoder block adds to the llama block (RMSNorm,
+/// attention, SwiGLU feed-forward), for the forward pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Block {
+    /// Queries and keys are RMS-normed per head (`attn_q_norm`,
+    /// `attn_k_norm`, one weight of the head size each) before RoPE.
+    pub qk_norm: bool,
+}
+
 /// One model family.
 pub trait Architecture: Debug + Send + Sync {
     /// Its GGUF `general.architecture` (also the prefix of its keys).
@@ -134,6 +151,18 @@ pub trait Architecture: Debug + Send + Sync {
     /// attention biases.
     fn config_extras(&self, biased: bool) -> ConfigExtras;
 
+    /// What its decoder block computes beyond the llama block.
+    fn block(&self) -> Block {
+        Block::default()
+    }
+
+    /// How it routes tokens to experts when the model has them
+    /// (`{arch}.expert_count` > 0); None: the family has no
+    /// mixture-of-experts form.
+    fn moe_routing(&self) -> Option<moe::MoeRouting> {
+        None
+    }
+
     /// How its tokenizer is stored.
     fn tokenizer(&self) -> TokenizerKind {
         TokenizerKind::ByteLevelBpe
@@ -169,8 +198,11 @@ mod tests {
             );
         }
         assert!(lookup_hf("mistral").is_none());
-        assert_eq!(supported_list(true), r#""llama" and "qwen2""#);
-        assert_eq!(supported_list(false), "llama and qwen2");
+        assert_eq!(
+            supported_list(true),
+            r#""llama", "qwen2", "qwen3" and "qwen3moe""#
+        );
+        assert_eq!(supported_list(false), "llama, qwen2, qwen3 and qwen3moe");
     }
 
     #[test]

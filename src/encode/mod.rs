@@ -126,6 +126,9 @@ pub fn block_matrices<'a>(b: &'a dyn Backend, glob: Option<&str>) -> Vec<(usize,
                 && t.shape.len() == 2
                 && t.name.dot.starts_with("blk.")
                 && !crate::names::is_vocab_tensor(&t.name.dot)
+                // A mixture-of-experts router stays dense (its 3-D experts
+                // are not 2-D matrices and stay dense too).
+                && !t.name.dot.ends_with(".ffn_gate_inp.weight")
                 && glob
                     .is_none_or(|g| glob_match(g, &t.name.dot) || glob_match(g, &t.name.underscore))
         })

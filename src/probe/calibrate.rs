@@ -98,6 +98,19 @@ impl StatsRecorder {
     /// rather than an abort mid-pass (f64 sums: 8 d² bytes per input;
     /// SmolLM2 0.8 GB, a 7B model about 44 GB).
     pub fn for_model(cfg: &Config, gram: bool) -> Result<StatsRecorder> {
+        if let Some(m) = &cfg.moe {
+            // The forward pass shows each expert its own rows
+            // (ActivationRecorder::record_expert); the STATS file has no
+            // per-expert sites yet.
+            return Err(err(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "{}: calibration statistics of a mixture of {} experts are not written yet                      (STATS has no per-expert sites)",
+                    cfg.arch.name(),
+                    m.n_expert
+                ),
+            ));
+        }
         let mut r = StatsRecorder::new(cfg.n_layer, gram);
         let widths = [cfg.d_model, cfg.q_dim(), cfg.d_model, cfg.d_ff];
         // f64 per layer; None when even the count overflows.
@@ -768,6 +781,7 @@ mod tests {
             n_layer,
             d_model,
             d_ff,
+            moe: None,
             n_head: 1,
             n_head_kv: 1,
             head_dim: d_model,

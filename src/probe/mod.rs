@@ -18,6 +18,7 @@ pub mod calibrate;
 pub mod eval;
 pub mod linalg;
 pub mod model;
+pub mod moe;
 pub mod sites;
 pub mod tokenizer;
 pub mod weights;

@@ -1,7 +1,9 @@
 //! A llama-like decoder in fp32 for the families of [`crate::arch`]:
 //! RMSNorm, RoPE (pairs as the family's [`RopeLayout`] says), grouped-query
 //! attention with a KV cache and Q/K/V biases where the file has them
-//! (qwen2), SwiGLU feed-forward, tied or separate output head.
+//! (qwen2), per-head Q/K RMS norms where the family's [`Block`] has them
+//! (qwen3), SwiGLU feed-forward or a mixture of SwiGLU experts
+//! ([`super::moe`]: mixtral, qwen3moe), tied or separate output head.
 //! Hyper-parameters come from the GGUF key/values, weights from a
 //! [`WeightSource`], i.e. the bytes the mount serves.
 
@@ -12,9 +14,10 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::linalg::{dot, matmul_t, matmul_t_cols, rms_norm, softmax, swiglu};
+use super::moe::{MoeConfig, MoeFfn};
 use super::sites::{ActivationRecorder, Site};
 use super::weights::WeightSource;
-use crate::arch::{Architecture, RopeLayout};
+use crate::arch::{Architecture, Block, RopeLayout};
 use crate::error::{ErrorKind, Result, err};
 use crate::format::meta::{MetaValue, Metadata};
 
@@ -25,7 +28,10 @@ pub struct Config {
     pub arch: &'static dyn Architecture,
     pub n_layer: usize,
     pub d_model: usize,
+    /// The feed-forward's hidden size (each expert's, with experts).
     pub d_ff: usize,
+    /// The experts, when the feed-forward is a mixture of them.
+    pub moe: Option<MoeConfig>,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -76,23 +82,11 @@ impl Config {
             )
         })?;
         let k = |s: &str| format!("{arch_name}.{s}");
-        if md
-            .get(&k("expert_count"))
-            .and_then(MetaValue::as_u64)
-            .unwrap_or(0)
-            > 0
-        {
-            return Err(err(
-                ErrorKind::UnsupportedType,
-                format!(
-                    "{} > 0: mixture-of-experts models are not supported",
-                    k("expert_count")
-                ),
-            ));
-        }
         let n_layer = get_u(md, &k("block_count"))?;
         let d_model = get_u(md, &k("embedding_length"))?;
-        let d_ff = get_u(md, &k("feed_forward_length"))?;
+        let dense_ff = get_u(md, &k("feed_forward_length"))?;
+        let moe = MoeConfig::from_metadata(md, arch, dense_ff)?;
+        let d_ff = moe.map_or(dense_ff, |m| m.d_ff);
         let n_head = get_u(md, &k("attention.head_count"))?;
         let n_head_kv = match md.get(&k("attention.head_count_kv")) {
             Some(_) => get_u(md, &k("attention.head_count_kv"))?,
@@ -143,7 +137,11 @@ impl Config {
             .and_then(|h| h.checked_add(n_head_kv))
             .and_then(|h| h.checked_mul(head_dim))
             .and_then(|q| q.checked_mul(d_model));
-        let ffn = d_ff.checked_mul(2).and_then(|f| f.checked_mul(d_model));
+        let experts = moe.map_or(1, |m| m.n_expert);
+        let ffn = d_ff
+            .checked_mul(3)
+            .and_then(|f| f.checked_mul(d_model))
+            .and_then(|f| f.checked_mul(experts));
         if qkv.is_none() || ffn.is_none() {
             return Err(err(
                 ErrorKind::TooLarge,
@@ -202,6 +200,7 @@ impl Config {
             n_layer,
             d_model,
             d_ff,
+            moe,
             n_head,
             n_head_kv,
             head_dim,
@@ -230,11 +229,15 @@ impl Config {
 
     pub fn summary(&self) -> String {
         format!(
-            "{}: {} layers, d {}, ffn {}, heads {}/{} (head {}, rope {} dims base {} {}), vocab {}{}",
+            "{}: {} layers, d {}, ffn {}{}, heads {}/{} (head {}, rope {} dims base {} {}), vocab {}{}",
             self.arch.name(),
             self.n_layer,
             self.d_model,
             self.d_ff,
+            match &self.moe {
+                Some(m) => format!(" x {} experts ({} per token)", m.n_expert, m.n_used),
+                None => String::new(),
+            },
             self.n_head,
             self.n_head_kv,
             self.head_dim,
@@ -320,11 +323,21 @@ struct Layer {
     /// one pass over the activations computes all three.
     wqkv: Matrix,
     bqkv: Option<Vec<f32>>,
+    /// Per-head RMS norm weights of the queries and keys (head_dim each),
+    /// applied before RoPE.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     wo: Matrix,
     ffn_norm: Vec<f32>,
-    /// Gate and up stacked: `[2 d_ff, d_model]`.
-    w_gate_up: Matrix,
-    w_down: Matrix,
+    ffn: Ffn,
+}
+
+enum Ffn {
+    Dense {
+        /// Gate and up stacked: `[2 d_ff, d_model]`.
+        w_gate_up: Matrix,
+        w_down: Matrix,
+    },
+    Moe(MoeFfn),
 }
 
 /// Loaded weights: norms and biases in fp32, the matrices in fp32 memory
@@ -400,6 +413,15 @@ pub(crate) fn fits_in_memory(bytes: usize) -> bool {
     match kib {
         Some(k) => (bytes as u64) <= k.saturating_mul(1024) / 4 * 3,
         None => true,
+    }
+}
+
+/// RMS-norm each `weight.len()`-long piece of `x` (each head) in place.
+fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mut piece = vec![0f32; weight.len()];
+    for head in x.chunks_exact_mut(weight.len()) {
+        rms_norm(head, weight, eps, &mut piece);
+        head.copy_from_slice(&piece);
     }
 }
 
@@ -490,6 +512,8 @@ impl Model {
         cfg.n_vocab = n_vocab;
         cfg.tied_embeddings = src.shape("output.weight").is_none();
         let has_bias = src.shape("blk.0.attn_q.bias").is_some();
+        let block: Block = cfg.arch.block();
+        let hd64 = cfg.head_dim as u64;
 
         let (d64, ff64, qd64, kvd64, v64) =
             (d as u64, ff as u64, qd as u64, kvd as u64, n_vocab as u64);
@@ -518,10 +542,21 @@ impl Model {
                 (p("attn_v.weight"), vec![kvd64, d64]),
                 (p("attn_output.weight"), vec![d64, qd64]),
                 (p("ffn_norm.weight"), vec![d64]),
-                (p("ffn_gate.weight"), vec![ff64, d64]),
-                (p("ffn_up.weight"), vec![ff64, d64]),
-                (p("ffn_down.weight"), vec![d64, ff64]),
             ]);
+            match &cfg.moe {
+                Some(m) => plan.extend(super::moe::plan(i, m, d)),
+                None => plan.extend([
+                    (p("ffn_gate.weight"), vec![ff64, d64]),
+                    (p("ffn_up.weight"), vec![ff64, d64]),
+                    (p("ffn_down.weight"), vec![d64, ff64]),
+                ]),
+            }
+            if block.qk_norm {
+                plan.extend([
+                    (p("attn_q_norm.weight"), vec![hd64]),
+                    (p("attn_k_norm.weight"), vec![hd64]),
+                ]);
+            }
             if has_bias {
                 plan.extend([
                     (p("attn_q.bias"), vec![qd64]),
@@ -580,14 +615,33 @@ impl Model {
                 } else {
                     None
                 },
+                qk_norm: match block.qk_norm {
+                    true => Some((
+                        zeros(1, cfg.head_dim, "attn_q_norm")?,
+                        zeros(1, cfg.head_dim, "attn_k_norm")?,
+                    )),
+                    false => None,
+                },
                 wo: Matrix::one(&p("attn_output.weight"), d, qd, streamed)?,
                 ffn_norm: zeros(1, d, "ffn_norm")?,
-                w_gate_up: Matrix::new(
-                    vec![(p("ffn_gate.weight"), ff), (p("ffn_up.weight"), ff)],
-                    d,
-                    streamed,
-                )?,
-                w_down: Matrix::one(&p("ffn_down.weight"), d, ff, streamed)?,
+                ffn: match cfg.moe {
+                    // Held in memory however the rest is (super::moe).
+                    Some(m) => Ffn::Moe(MoeFfn {
+                        cfg: m,
+                        router: zeros(m.n_expert, d, "ffn_gate_inp")?,
+                        gate: zeros(m.n_expert * ff, d, "ffn_gate_exps")?,
+                        up: zeros(m.n_expert * ff, d, "ffn_up_exps")?,
+                        down: zeros(m.n_expert * d, ff, "ffn_down_exps")?,
+                    }),
+                    None => Ffn::Dense {
+                        w_gate_up: Matrix::new(
+                            vec![(p("ffn_gate.weight"), ff), (p("ffn_up.weight"), ff)],
+                            d,
+                            streamed,
+                        )?,
+                        w_down: Matrix::one(&p("ffn_down.weight"), d, ff, streamed)?,
+                    },
+                },
             });
         }
 
@@ -597,12 +651,10 @@ impl Model {
             let mut matrices: Vec<(&Matrix, usize)> = vec![(&tok_embd, d)];
             matrices.extend(output.as_ref().map(|o| (o, d)));
             for l in &layers {
-                matrices.extend([
-                    (&l.wqkv, d),
-                    (&l.wo, qd),
-                    (&l.w_gate_up, d),
-                    (&l.w_down, ff),
-                ]);
+                matrices.extend([(&l.wqkv, d), (&l.wo, qd)]);
+                if let Ffn::Dense { w_gate_up, w_down } = &l.ffn {
+                    matrices.extend([(w_gate_up, d), (w_down, ff)]);
+                }
             }
             for (m, d_in) in matrices {
                 for (name, rows) in &m.parts {
@@ -631,10 +683,33 @@ impl Model {
                 shape: vec![d64],
                 out: &mut l.ffn_norm,
             });
+            if let Some((qn, kn)) = l.qk_norm.as_mut() {
+                jobs.push(Job {
+                    name: p("attn_q_norm.weight"),
+                    shape: vec![hd64],
+                    out: qn,
+                });
+                jobs.push(Job {
+                    name: p("attn_k_norm.weight"),
+                    shape: vec![hd64],
+                    out: kn,
+                });
+            }
             l.wqkv.jobs(d, &mut jobs);
             l.wo.jobs(qd, &mut jobs);
-            l.w_gate_up.jobs(d, &mut jobs);
-            l.w_down.jobs(ff, &mut jobs);
+            match &mut l.ffn {
+                Ffn::Dense { w_gate_up, w_down } => {
+                    w_gate_up.jobs(d, &mut jobs);
+                    w_down.jobs(ff, &mut jobs);
+                }
+                Ffn::Moe(m) => {
+                    let plan = super::moe::plan(i, &m.cfg, d);
+                    let outs = [&mut m.router, &mut m.gate, &mut m.up, &mut m.down];
+                    for ((name, shape), out) in plan.into_iter().zip(outs) {
+                        jobs.push(Job { name, shape, out });
+                    }
+                }
+            }
             if let Some(b) = l.bqkv.as_mut() {
                 let (bq, rest) = b.split_at_mut(qd);
                 let (bk, bv) = rest.split_at_mut(kvd);
@@ -711,7 +786,11 @@ impl Model {
             .collect();
         let bad = layers
             .iter()
-            .flat_map(|l| [&l.attn_norm, &l.ffn_norm])
+            .flat_map(|l| {
+                [&l.attn_norm, &l.ffn_norm]
+                    .into_iter()
+                    .chain(l.qk_norm.iter().flat_map(|(q, k)| [q, k]))
+            })
             .chain([&out_norm])
             .any(|w| w.iter().any(|v| !v.is_finite()));
         if bad {
@@ -906,6 +985,10 @@ impl Model {
                 }
                 let (qr, rest) = row.split_at_mut(qd);
                 let (kr, vr) = rest.split_at_mut(kvd);
+                if let Some((qn, kn)) = &l.qk_norm {
+                    rms_norm_in_place(qr, qn, c.rms_eps);
+                    rms_norm_in_place(kr, kn, c.rms_eps);
+                }
                 self.rope(qr, c.n_head, p0 + i);
                 self.rope(kr, c.n_head_kv, p0 + i);
                 q[i * qd..(i + 1) * qd].copy_from_slice(qr);
@@ -924,7 +1007,17 @@ impl Model {
             if let Some(r) = recorder.as_deref_mut() {
                 r.record(li, Site::FfnIn, &h, n);
             }
-            self.mul(&h, n, &l.w_gate_up, 2 * ff, d, &mut gu, &mut chunk)?;
+            let (w_gate_up, w_down) = match &l.ffn {
+                Ffn::Dense { w_gate_up, w_down } => (w_gate_up, w_down),
+                Ffn::Moe(m) => {
+                    m.forward(li, &h, n, d, &mut proj, recorder.as_deref_mut());
+                    for (a, b) in x.iter_mut().zip(&proj) {
+                        *a += b;
+                    }
+                    continue;
+                }
+            };
+            self.mul(&h, n, w_gate_up, 2 * ff, d, &mut gu, &mut chunk)?;
             for (g, a) in gu.chunks_exact_mut(2 * ff).zip(act.chunks_exact_mut(ff)) {
                 let (gate, up) = g.split_at_mut(ff);
                 swiglu(gate, up);
@@ -933,7 +1026,7 @@ impl Model {
             if let Some(r) = recorder.as_deref_mut() {
                 r.record(li, Site::FfnDownIn, &act, n);
             }
-            self.mul(&act, n, &l.w_down, d, ff, &mut proj, &mut chunk)?;
+            self.mul(&act, n, w_down, d, ff, &mut proj, &mut chunk)?;
             for (a, b) in x.iter_mut().zip(&proj) {
                 *a += b;
             }

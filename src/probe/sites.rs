@@ -63,6 +63,16 @@ impl Site {
 /// rows (`x` is `n × d`, row-major) about to be multiplied at `site`.
 pub trait ActivationRecorder {
     fn record(&mut self, layer: usize, site: Site, x: &[f32], n: usize);
+
+    /// In a mixture-of-experts layer, the `n` rows routed to expert
+    /// `expert` at `site` ([`Site::FfnIn`]: the normed rows its gate and up
+    /// multiply; [`Site::FfnDownIn`]: its SwiGLU output, which its down
+    /// multiplies). The layer's [`Site::FfnIn`] (every row, the router's
+    /// input) goes to [`Self::record`]; its [`Site::FfnDownIn`] has no
+    /// one matrix and is not recorded there.
+    fn record_expert(&mut self, layer: usize, expert: usize, site: Site, x: &[f32], n: usize) {
+        let _ = (layer, expert, site, x, n);
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ pub(crate) struct Rules {
     /// `key_length`/`value_length` are written even when config.json has
     /// none.
     pub config_head_dim: bool,
+    /// The class's default `head_dim` when it is not hidden / heads.
+    pub default_head_dim: Option<u32>,
     /// The class's default `max_position_embeddings`.
     pub default_ctx: u64,
     /// tokenizer_config.json's `add_prefix_space` becomes
@@ -39,6 +41,7 @@ static RULES: &[Rules] = &[
         family: "llama",
         vocab_and_rope_dims: true,
         config_head_dim: true,
+        default_head_dim: None,
         default_ctx: 2048,
         add_space_prefix: true,
         no_bos_vocab: Some(49152),
@@ -47,13 +50,35 @@ static RULES: &[Rules] = &[
         family: "qwen2",
         vocab_and_rope_dims: false,
         config_head_dim: false,
+        default_head_dim: None,
+        default_ctx: 32768,
+        add_space_prefix: false,
+        no_bos_vocab: None,
+    },
+    // The converter's Qwen3Model is its Qwen2Model; Qwen3Config has a
+    // head_dim, 128 by default.
+    Rules {
+        family: "qwen3",
+        vocab_and_rope_dims: false,
+        config_head_dim: true,
+        default_head_dim: Some(128),
+        default_ctx: 32768,
+        add_space_prefix: false,
+        no_bos_vocab: None,
+    },
+    // The converter's Qwen3MoeModel: Qwen3's, plus the expert keys.
+    Rules {
+        family: "qwen3moe",
+        vocab_and_rope_dims: false,
+        config_head_dim: true,
+        default_head_dim: Some(128),
         default_ctx: 32768,
         add_space_prefix: false,
         no_bos_vocab: None,
     },
 ];
 
-/// transformers' defaults for llama's and qwen2's classes alike.
+/// transformers' defaults for llama's, qwen2's and qwen3's classes alike.
 const DEFAULT_ROPE_THETA: f64 = 10000.0;
 const DEFAULT_RMS_EPS: f64 = 1e-6;
 
@@ -190,9 +215,19 @@ pub fn hyper_params(
     }
     let head_dim = match c.get("head_dim").filter(|v| !v.is_null()) {
         Some(v) => Some(u32_of("head_dim", v)?),
-        None if r.config_head_dim => Some(embd / heads),
+        None if r.config_head_dim => Some(r.default_head_dim.unwrap_or(embd / heads)),
         None => None,
     };
+    // TextModel's expert keys; the expert size is Qwen2/3-MoE's own.
+    for (keys, gguf) in [
+        (&["num_local_experts", "num_experts"][..], "expert_count"),
+        (&["num_experts_per_tok"][..], "expert_used_count"),
+        (&["moe_intermediate_size"][..], "expert_feed_forward_length"),
+    ] {
+        if let Some((k, v)) = find(c, keys) {
+            md.push(key(gguf), MetaValue::U32(u32_of(k, v)?));
+        }
+    }
     if let Some(hd) = head_dim {
         md.push(key("attention.key_length"), MetaValue::U32(hd));
         md.push(key("attention.value_length"), MetaValue::U32(hd));

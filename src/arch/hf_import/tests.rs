@@ -490,6 +490,30 @@ fn merges_with_spaces_and_special_vocab_rules() {
 }
 
 #[test]
+fn qwen3_head_dim_defaults_to_its_class_default() {
+    // Qwen3Config's head_dim is 128 unless given (not hidden / heads), and
+    // the converter reads the config through that class.
+    let mut c = config();
+    c["model_type"] = json!("qwen3");
+    c["architectures"] = json!(["Qwen3ForCausalLM"]);
+    let r = run(&c, None, None).unwrap();
+    assert_eq!(r.arch.map(|a| a.name()), Some("qwen3"));
+    for k in ["key_length", "value_length"] {
+        assert_eq!(
+            r.metadata.get(&format!("qwen3.attention.{k}")),
+            Some(&MetaValue::U32(128))
+        );
+    }
+    c["head_dim"] = json!(24);
+    let r = run(&c, None, None).unwrap();
+    assert_eq!(
+        r.metadata.get("qwen3.attention.key_length"),
+        Some(&MetaValue::U32(24))
+    );
+    assert!(r.metadata.get("qwen3.vocab_size").is_none());
+}
+
+#[test]
 fn every_family_has_conversion_rules() {
     for a in crate::arch::FAMILIES {
         assert!(config::rules(a.name()).is_some(), "{}", a.name());

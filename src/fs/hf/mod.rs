@@ -135,6 +135,18 @@ fn build_dir(
     let (md, _) = view_metadata(b);
     let (arch, p) = arch::hf_params(md)?;
     let entries = b.tensors().entries();
+    // Hugging Face stores each expert as its own 2-D tensors: segments of
+    // the 3-D one, which the view's layout cannot express yet.
+    if let Some(t) = entries
+        .iter()
+        .find(|t| arch::moe::is_moe_tensor(&t.name.dot) && t.shape.len() == 3)
+    {
+        return Err(format!(
+            "{} is a mixture-of-experts expert tensor ({:?}); hf/ does not yet split experts \
+             into Hugging Face's per-expert tensors (the probe runs the model)",
+            t.name.dot, t.shape
+        ));
+    }
     // Every tensor of the model must have a Hugging Face name and a file.
     for t in entries {
         if arch.hf_name(&t.name.dot).is_none() {
