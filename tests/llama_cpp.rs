@@ -110,6 +110,12 @@ fn complete(bin: &Path, model: &Path) -> (String, String) {
 /// estimate: PPL = ..." line, the running estimates "[1]...,[4]...",
 /// stderr).
 fn perplexity(bin: &Path, model: &Path) -> (String, String, String) {
+    perplexity_over(bin, model, 256, 4)
+}
+
+/// `llama-perplexity` as [`perplexity`], over `chunks` windows of `ctx`
+/// tokens.
+fn perplexity_over(bin: &Path, model: &Path, ctx: u32, chunks: u32) -> (String, String, String) {
     let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/probe/gpl-3.0.txt");
     let mut args: Vec<&std::ffi::OsStr> = vec![
         "-m".as_ref(),
@@ -117,7 +123,11 @@ fn perplexity(bin: &Path, model: &Path) -> (String, String, String) {
         "-f".as_ref(),
         text.as_os_str(),
     ];
-    for a in "-c 256 -b 256 -t 2 -ctk f32 -ctv f32 -fa off --chunks 4 -lv 4".split(' ') {
+    let (ctx, chunks) = (ctx.to_string(), chunks.to_string());
+    for a in ["-c", &ctx, "-b", &ctx, "--chunks", &chunks] {
+        args.push(a.as_ref());
+    }
+    for a in "-t 2 -ctk f32 -ctv f32 -fa off -lv 4".split(' ') {
         args.push(a.as_ref());
     }
     let (out, err) = run(bin, "llama-perplexity", &args);
@@ -128,9 +138,10 @@ fn perplexity(bin: &Path, model: &Path) -> (String, String, String) {
         .unwrap_or_else(|| panic!("no final estimate:\n{all}"));
     let estimate = estimate[estimate.find("Final estimate").unwrap()..].to_string();
     // The running estimates, "[1]12.3456,[2]...,[4]..."
+    let last = format!("[{chunks}]");
     let windows = all
         .lines()
-        .find(|l| l.contains("[1]") && l.contains("[4]"))
+        .find(|l| l.contains("[1]") && l.contains(&last))
         .unwrap_or_else(|| panic!("no per-window estimates:\n{all}"));
     let windows = windows[windows.find("[1]").unwrap()..].trim().to_string();
     (estimate, windows, err)
@@ -215,7 +226,9 @@ fn llama_cpp_tools_on_the_gguf_view() {
 
 /// `model.native.gguf` of `model` (the Q4_1 blocks as stored): llama.cpp
 /// maps it, answers what it answers on the source file (`from_source`),
-/// and its perplexity estimates are the source file's, to the last digit.
+/// and its perplexity estimates are the source file's, to the last digit
+/// (2 windows of 128 tokens: a few seconds, the 4 x 256 of the F32 runs
+/// above would add a minute to CI).
 fn native_view_runs_as_the_source(bin: &Path, model: &Path, from_source: &str) {
     let m = Mounted::new(model, &[]);
     let native = m.path("model.native.gguf");
@@ -229,9 +242,9 @@ fn native_view_runs_as_the_source(bin: &Path, model: &Path, from_source: &str) {
         from_native, from_source,
         "native view vs the source GGUF\n{err}"
     );
-    let (estimate, windows, err) = perplexity(bin, &native);
+    let (estimate, windows, err) = perplexity_over(bin, &native, 128, 2);
     assert_mapped("llama-perplexity on the native view", &err);
-    let (estimate_source, windows_source, _) = perplexity(bin, model);
+    let (estimate_source, windows_source, _) = perplexity_over(bin, model, 128, 2);
     eprintln!("native view: {estimate} ({windows}); source file: {estimate_source}");
     assert_eq!(
         estimate, estimate_source,
