@@ -6,6 +6,8 @@
 //! - `<underscore name>.f32` and `<dot name>.f32`: two names (hard links) of
 //!   one inode per available tensor, mode 0444, size = elements × 4; with
 //!   `--views f16` / `bf16` also `.f16` / `.bf16` files (elements × 2);
+//!   for a safetensors checkpoint of a known family, each tensor's Hugging
+//!   Face name too, rows as the checkpoint stores them ([`aliases`]);
 //! - `model.safetensors` and `model.gguf`: the whole model as one file an
 //!   engine loads directly, and `model.f16.safetensors` /
 //!   `model.bf16.safetensors` when those formats are asked for ([`views`]);
@@ -26,7 +28,9 @@
 //! 8 `ctl.json`, 9 `jobs/`, `2^48 + n` for `jobs/n`,
 //! `16 + i + k * 2^32` for the i-th tensor in the backend's order in
 //! format k (0 f32, 1 f16, 2 bf16), and `2^47 + j` for `hf/` (j = 0) and
-//! its files (j = 1..=7, [`hf`]): all fixed by the source files, so they
+//! its files (j = 1..=7, [`hf`]), `2^46 +` a tensor file's inode for its
+//! Hugging Face-named file when the rows differ ([`aliases`]): all fixed
+//! by the source files, so they
 //! are stable across remounts of the same files. The tensor inodes end
 //! below `3 * 2^32 + 16`, far under `2^47`.
 //!
@@ -38,7 +42,8 @@
 //! Layout by concern, bottom up: [`elem`] (element formats and the f32 →
 //! f16/bf16 conversion), [`inodes`] (the inode map), [`views`] (engine
 //! views: layouts and their builders), [`files`] (the records of served
-//! files), [`hf`] (the Hugging Face view), [`namespace`] (names,
+//! files), [`hf`] (the Hugging Face view), [`aliases`] (a checkpoint's
+//! Hugging Face-named files), [`namespace`] (names,
 //! attributes, listings),
 //! [`read`] (the read path over the cache), [`ctl`] (the control files:
 //! snapshots, commands, who may command), [`index`] (index.json, served in
