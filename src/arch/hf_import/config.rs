@@ -36,6 +36,18 @@ pub(crate) struct Rules {
 
 /// The rules of every family of [`super::super::FAMILIES`] (a unit test
 /// checks that each has one).
+// The converter's Qwen3Model is its Qwen2Model; Qwen3Config has a
+// head_dim, 128 by default.
+const QWEN3: Rules = Rules {
+    family: "qwen3",
+    vocab_and_rope_dims: false,
+    config_head_dim: true,
+    default_head_dim: Some(128),
+    default_ctx: 32768,
+    add_space_prefix: false,
+    no_bos_vocab: None,
+};
+
 static RULES: &[Rules] = &[
     Rules {
         family: "llama",
@@ -55,26 +67,11 @@ static RULES: &[Rules] = &[
         add_space_prefix: false,
         no_bos_vocab: None,
     },
-    // The converter's Qwen3Model is its Qwen2Model; Qwen3Config has a
-    // head_dim, 128 by default.
-    Rules {
-        family: "qwen3",
-        vocab_and_rope_dims: false,
-        config_head_dim: true,
-        default_head_dim: Some(128),
-        default_ctx: 32768,
-        add_space_prefix: false,
-        no_bos_vocab: None,
-    },
+    QWEN3,
     // The converter's Qwen3MoeModel: Qwen3's, plus the expert keys.
     Rules {
         family: "qwen3moe",
-        vocab_and_rope_dims: false,
-        config_head_dim: true,
-        default_head_dim: Some(128),
-        default_ctx: 32768,
-        add_space_prefix: false,
-        no_bos_vocab: None,
+        ..QWEN3
     },
 ];
 
