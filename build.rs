@@ -73,26 +73,38 @@ fn can_mount() -> bool {
     capability::mount_lacks().is_empty()
 }
 
-/// Whether the SmolLM2 test model is there, watching its path so that the
-/// cfg follows a fetch or a removal.
+/// Whether the SmolLM2 test model is there. The cfg follows the file:
+/// when it is there, its path is watched (a removal or a refetch reruns
+/// this script). When it is not, the directory is NOT watched: cargo scans
+/// a watched directory recursively, so anything written under models/
+/// would rebuild the crate, and a missing watched path reruns the script
+/// (and rebuilds the crate) on every build. Instead models/.gitignore, which
+/// every checkout has, is the stamp: tools/fetch-smollm2.sh touches it when
+/// the model arrives (or is found newer than the stamp), and the cfg flips
+/// on the next build.
 fn have_model() -> bool {
     let custom = std::env::var_os("RKNOT_SMOLLM2").filter(|v| !v.is_empty());
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let path = match &custom {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
-            .join("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        None => root.join(MODEL_REL),
     };
     let present = path.is_file();
     if present {
         println!("cargo::rerun-if-changed={}", path.display());
-    } else if let Some(dir) = path.parent().filter(|d| custom.is_none() && d.is_dir()) {
-        // models/ (kept in the checkout by models/.gitignore): a missing
-        // path would rerun this script, and so rebuild the crate, on every
-        // build; the directory changes when the model arrives.
-        println!("cargo::rerun-if-changed={}", dir.display());
+    } else if custom.is_none() {
+        let stamp = root.join(MODEL_STAMP_REL);
+        if stamp.is_file() {
+            println!("cargo::rerun-if-changed={}", stamp.display());
+        }
     }
     present
 }
+
+/// Where tools/fetch-smollm2.sh puts the test model, and the file it
+/// touches when it does (see [`have_model`]).
+const MODEL_REL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+const MODEL_STAMP_REL: &str = "models/.gitignore";
 
 /// The opt-in tests: the variable that turns each on, and the cfg emitted
 /// when it is unset or empty.

