@@ -5,7 +5,7 @@
 # cached. tests/llama_cpp.rs runs them on the mount's model.gguf
 # (RKNOT_LLAMA_BIN; README: Tests).
 #
-#   tools/llama-cpp.sh [--print-bin-dir]
+#   tools/llama-cpp.sh [--print-bin-dir | --cached-bin-dir]
 #
 # Builds, when not cached yet, llama-completion (plain non-interactive
 # completion: `llama-cli` in this version is the chat client built with the
@@ -16,6 +16,8 @@
 # share the libraries that take most of its time).
 # With --print-bin-dir, stdout is that directory alone (progress goes to
 # stderr), for `export RKNOT_LLAMA_BIN=$(tools/llama-cpp.sh --print-bin-dir)`.
+# With --cached-bin-dir, the same when the tools are cached, and exit 1
+# without building when they are not (tools/env.sh: quick, never a build).
 #
 #   RKNOT_LLAMA_CPP_DIR  the cache (default
 #                        ${XDG_CACHE_HOME:-$HOME/.cache}/rknot/llama.cpp-VERSION);
@@ -36,10 +38,12 @@ VERSION=0.3.36 # llama-cpp-python; its vendor/llama.cpp is what gets built
 TARGETS=(llama-completion llama-perplexity llama-imatrix llama-quantize)
 
 print_bin_dir=false
+cached_only=false
 case ${1:-} in
   --print-bin-dir) print_bin_dir=true ;;
+  --cached-bin-dir) print_bin_dir=true; cached_only=true ;;
   "") ;;
-  *) echo "usage: $0 [--print-bin-dir]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--print-bin-dir | --cached-bin-dir]" >&2; exit 2 ;;
 esac
 # Progress to stderr, so that stdout is the bin directory alone.
 say() { echo "llama-cpp.sh: $*" >&2; }
@@ -74,6 +78,10 @@ fi
 if complete; then
   if $print_bin_dir; then echo "$dir/bin"; else echo "llama.cpp tools (cached): $dir/bin"; fi
   exit 0
+fi
+if $cached_only; then
+  say "not cached in $dir (run tools/llama-cpp.sh to build)"
+  exit 1
 fi
 if [ -e "$dir" ]; then
   say "$dir is incomplete or was built with other flags: rebuilding"
