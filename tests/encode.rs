@@ -206,9 +206,12 @@ fn rknot_seed_and_faithful_encode_verify_mount() {
 }
 }
 
-/// Defaults that work: `encode rknot` without a profile is the faithful
-/// one; the seed profile and SK32 warn before they run; every encode ends
-/// with its overall weight error and what it means for answers.
+/// Defaults that work: `encode rknot` without a profile on a model the
+/// probe cannot calibrate (the tiny model's tokenizer has no BPE merges) is
+/// the faithful one, and one line says why; the seed profile and SK32 warn
+/// before they run; every encode ends with its size against the source and
+/// its weight error and what it means for answers. (The calibrated default
+/// on SmolLM2: tests/calibrated.rs.)
 #[test]
 fn defaults_keep_the_model_and_lossy_encodings_say_what_they_cost() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,13 +225,25 @@ fn defaults_keep_the_model_and_lossy_encodings_say_what_they_cost() {
     };
     let default = run("d.rknot", "rknot", &[]);
     assert!(!default.contains("warning"), "{default}");
+    let fallback: Vec<_> = default
+        .lines()
+        .filter(|l| l.contains("--profile faithful, not the calibrated default"))
+        .collect();
+    assert_eq!(fallback.len(), 1, "one line says why: {default}");
+    assert!(fallback[0].contains("tokenizer"), "{default}");
     let faithful = run("f.rknot", "rknot", &["--profile", "faithful"]);
     // Same encoding: same file.
     assert_eq!(
         std::fs::read(dir.path().join("d.rknot")).unwrap(),
         std::fs::read(dir.path().join("f.rknot")).unwrap()
     );
+    assert!(!faithful.contains("calibrated default"), "{faithful}");
     for err in [&default, &faithful] {
+        assert!(
+            err.contains("smaller than the source by ")
+                || err.contains("larger than the source by "),
+            "{err}"
+        );
         assert!(
             err.contains("relative weight error of the lossy-encoded tensors 0.0"),
             "{err}"

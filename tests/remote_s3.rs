@@ -36,7 +36,8 @@ fn text(b: &[u8]) -> String {
 /// else): a small .rknot that serves the rest from its --dense fallback.
 fn encode_b0(model: &Path, out: &Path) {
     let o = Command::new(rknot_bin())
-        .args(["encode", "rknot", "--no-progress", "--tensors", "blk.0.*"])
+        .args(["encode", "rknot", "--no-progress", "--profile", "faithful"])
+        .args(["--tensors", "blk.0.*"])
         .args(["--compressed-only", "-o"])
         .arg(out)
         .arg(model)
@@ -383,7 +384,7 @@ fn encode_from_s3_to_s3() {
     let dir = tempfile::tempdir().unwrap();
     // The blk.1x layers compressed, every other tensor copied: an output
     // of ~95 MB, a dozen parts.
-    let opts = ["--no-progress", "--tensors", "blk.1*"];
+    let opts = ["--no-progress", "--profile", "faithful", "--tensors", "blk.1*"];
     let local = dir.path().join("local.rknot");
     let o = Command::new(rknot_bin())
         .args(["encode", "rknot"])

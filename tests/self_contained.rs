@@ -94,7 +94,9 @@ for t in view.tensors:
 "#;
 
 needs! { [model]
-fn smollm2_default_encode_stands_alone() {
+/// The faithful profile (the calibrated default's own checks, slower and
+/// larger in memory, are in tests/calibrated.rs).
+fn smollm2_faithful_encode_stands_alone() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("m.rknot");
@@ -106,6 +108,8 @@ fn smollm2_default_encode_stands_alone() {
             model.to_str().unwrap(),
             "-o",
             out.to_str().unwrap(),
+            "--profile",
+            "faithful",
         ],
         Duration::from_secs(600),
     );

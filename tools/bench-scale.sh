@@ -82,7 +82,7 @@ fi
 
 if want rknot; then
   rm -f "$dir/q7b.rknot"
-  timed encode-rknot "default profile (faithful, self-contained)" "$bin/rknot" encode rknot "$src" -o "$dir/q7b.rknot"
+  timed encode-rknot "faithful profile (self-contained)" "$bin/rknot" encode rknot "$src" -o "$dir/q7b.rknot" --profile faithful
   echo "  q7b.rknot: $(size_note "$dir/q7b.rknot"); $(tail -2 "$dir/encode-rknot.out" | head -1)" | tee -a "$log"
 fi
 
@@ -142,7 +142,7 @@ if want 70b; then
     m=$dir/l70b-$layers.gguf
     [ -f "$m" ] || "$gen" "$m" --shape llama3-70b --layers "$layers" >/dev/null
     rm -f "$dir/l70b-$layers.rknot"
-    timed "encode-70b-$layers-layers" "default profile, $(du -h --apparent-size "$m" | cut -f1) source" \
-      "$bin/rknot" encode rknot "$m" -o "$dir/l70b-$layers.rknot"
+    timed "encode-70b-$layers-layers" "faithful profile, $(du -h --apparent-size "$m" | cut -f1) source" \
+      "$bin/rknot" encode rknot "$m" -o "$dir/l70b-$layers.rknot" --profile faithful
   done
 fi

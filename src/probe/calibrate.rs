@@ -681,10 +681,28 @@ pub fn record(args: &CalibrateArgs, so: &mut dyn Write) -> BoxResult<Calibration
             if t.trim().is_empty() {
                 return Err(format!("{}: the calibration text is empty", p.display()).into());
             }
-            Some(t)
+            let name = p
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            Some((name, t))
         }
         None => None,
     };
+    record_text(
+        args,
+        text.as_ref().map(|(n, t)| (n.as_str(), t.as_str())),
+        so,
+    )
+}
+
+/// As [`record`], the calibration text given as (name, text) instead of
+/// `args.text` (the encoder's default calibrates on a text built into the
+/// binary); None: `args.tokens`.
+pub fn record_text(
+    args: &CalibrateArgs,
+    text: Option<(&str, &str)>,
+    so: &mut dyn Write,
+) -> BoxResult<CalibrationStats> {
     let main = load(
         "model:",
         &args.model,
@@ -697,14 +715,11 @@ pub fn record(args: &CalibrateArgs, so: &mut dyn Write) -> BoxResult<Calibration
     meta.insert("model".to_string(), main.label.clone());
     meta.insert("rknot".to_string(), crate::LONG_VERSION.to_string());
     meta.insert("ctx".to_string(), args.ctx.to_string());
-    let (mut ids, bos) = match (&text, &args.tokens, &args.text) {
-        (Some(t), _, Some(p)) => {
+    let (mut ids, bos) = match (text, &args.tokens) {
+        (Some((name, t)), _) => {
             let tok = Tokenizer::from_metadata(main.source.metadata())
                 .map_err(|e| format!("--text needs the model's tokenizer: {e}"))?;
-            let name = p
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            meta.insert("text".into(), name);
+            meta.insert("text".into(), name.to_string());
             meta.insert("text_bytes".into(), t.len().to_string());
             let digest = sha2::Sha256::digest(t.as_bytes());
             let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
@@ -714,7 +729,7 @@ pub fn record(args: &CalibrateArgs, so: &mut dyn Write) -> BoxResult<Calibration
                 tok.add_bos.then_some(tok.bos).flatten(),
             )
         }
-        (_, Some(TokenIds(ids)), _) => {
+        (None, Some(TokenIds(ids))) => {
             meta.insert("tokens_given".into(), "true".into());
             (ids.clone(), None)
         }

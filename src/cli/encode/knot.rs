@@ -45,6 +45,7 @@ impl KnotArgs {
             input: gguf,
             source: b,
             summary: "dense .knot".to_string(),
+            held_out: None,
         })
     }
 }

@@ -124,6 +124,7 @@ impl Sk32Args {
                     c.whitening.name()
                 ),
             },
+            held_out: None,
         })
     }
 }
