@@ -43,8 +43,10 @@ pub struct RknotArgs {
     /// faithful (keep every dimension, widths by measured sensitivity;
     /// answers like the dense model), seed (drop off-standing
     /// dimensions, as the original design did: breaks answers, and
-    /// says so before it runs) or calibrated (affine blocks chosen
-    /// with activation statistics; what --calibrate selects).
+    /// says so before it runs), calibrated (affine blocks chosen
+    /// with activation statistics; what --calibrate selects) or
+    /// lossless (every F32/F16/BF16 matrix stored exactly, its
+    /// exponents entropy-coded: about two thirds of bf16's bytes).
     #[arg(long)]
     profile: Option<String>,
     /// Calibrated profile: bits per weight of the whole OUT file (every
@@ -152,7 +154,7 @@ impl RknotArgs {
             Some(p) => encode::rknot::Profile::parse(p).ok_or_else(|| {
                 usage(
                     CMD,
-                    format!("unknown --profile {p:?} (faithful, seed, calibrated)"),
+                    format!("unknown --profile {p:?} (faithful, seed, calibrated, lossless)"),
                 )
             })?,
         };
