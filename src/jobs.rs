@@ -3,7 +3,7 @@
 //! Commands (one per line written to `ctl`):
 //! ```text
 //! encode sk32 rank=64 out=NAME [energy=E] [overwrite=1]
-//! encode rknot coverage=0.3 profile=faithful out=NAME [bits_qk= bits_v= bits_ffn=
+//! encode rknot coverage=0.3 profile=faithful|seed|lossless out=NAME [bits_qk= bits_v= bits_ffn=
 //!              graded=1 extra_bits= target_bpw= block=] [overwrite=1]
 //! encode knot out=NAME [overwrite=1]
 //! cancel JOB
@@ -174,7 +174,7 @@ pub fn parse_command(line: &str) -> Result<Command, String> {
                                 // by path, which a job must not do with the
                                 // daemon's rights.
                                 format!(
-                                    "profile={v:?}: expected seed or faithful (the calibrated \
+                                    "profile={v:?}: expected seed, faithful or lossless (the calibrated \
                                      profile runs from the command line: rknot encode rknot \
                                      --calibrate)"
                                 )
@@ -688,6 +688,13 @@ mod tests {
                 .is_ok()
         );
         assert!(parse_command("encode knot out=x.knot overwrite=1").is_ok());
+        match parse_command("encode rknot profile=lossless out=x.rknot") {
+            Ok(Command::Encode {
+                encoding: EncodingKind(Encoding::Rknot(o)),
+                ..
+            }) => assert_eq!(o.profile, Profile::Lossless),
+            other => panic!("{other:?}"),
+        }
         for (bad, want) in [
             ("encode sk32 rank=8", "out=NAME is required"),
             ("encode sk32 rank=8 out=../x", "'..'"),

@@ -65,6 +65,9 @@ pub struct Sums {
     pub dot: f64,
     pub stored_bits: f64,
     pub n: u64,
+    /// Values whose f32 bits differ from the reference's (a NaN equals
+    /// only a NaN of the same bits).
+    pub differing: u64,
 }
 
 /// One tensor compared with the dense file.
@@ -104,6 +107,7 @@ impl Sums {
         self.dot += o.dot;
         self.stored_bits += o.stored_bits;
         self.n += o.n;
+        self.differing += o.differing;
     }
     pub fn rel_err(&self) -> f64 {
         if self.ref2 > 0.0 {
@@ -137,6 +141,7 @@ impl Sums {
             "energy_retained": self.energy(),
             "payload_bits_per_weight": self.bpw(),
             "weights": self.n,
+            "differing_values": self.differing,
         })
     }
 }
@@ -177,6 +182,39 @@ impl Report {
         m
     }
 
+    /// Every value of every compared tensor has the reference's f32 bits,
+    /// and nothing failed: what `lossless: bit-identical` says. False
+    /// without a reference.
+    pub fn bit_identical(&self) -> bool {
+        self.dense.is_some()
+            && self.faults.is_empty()
+            && !self.tensors.is_empty()
+            && self.tensors.iter().all(|c| c.sums.differing == 0)
+    }
+
+    /// The `lossless:` line of the text report (with a reference).
+    pub fn lossless_line(&self) -> String {
+        let t = self.overall();
+        if self.bit_identical() {
+            format!(
+                "lossless: bit-identical (all {} values of {} tensors have the reference's bits)",
+                t.n,
+                self.tensors.len()
+            )
+        } else {
+            format!(
+                "lossless: no ({} of {} compared values differ from the reference's bits{})",
+                t.differing,
+                t.n,
+                if self.faults.is_empty() {
+                    ""
+                } else {
+                    "; faults above"
+                }
+            )
+        }
+    }
+
     /// The total over every compared tensor.
     pub fn overall(&self) -> Sums {
         total(self.tensors.iter().map(|c| &c.sums))
@@ -198,6 +236,7 @@ impl Report {
             "by_kind": self.by_kind().iter().map(|(k, s)| (k.clone(), s.json())).collect::<serde_json::Map<_, _>>(),
             "overall": if self.tensors.is_empty() { Value::Null } else { self.overall().json() },
             "lossy_encoded": lossy_error(&self.tensors).map_or(Value::Null, |s| s.json()),
+            "bit_identical": self.dense.as_ref().map(|_| self.bit_identical()),
         })
     }
 
@@ -274,6 +313,8 @@ impl Report {
                     t.bpw()
                 );
             }
+            o += &self.lossless_line();
+            o.push('\n');
         }
         o
     }
@@ -330,7 +371,13 @@ fn compared(t: &backend::TensorInfo, dense: &dyn Backend, only_lossy: bool) -> b
     if !t.is_available() {
         return false;
     }
-    if !only_lossy || !matches!(t.stored, StoredType::Ggml(_)) {
+    if !only_lossy {
+        return true;
+    }
+    if let StoredType::RknotLossless(_) = t.stored {
+        return false;
+    }
+    if !matches!(t.stored, StoredType::Ggml(_)) {
         return true;
     }
     dense
@@ -400,6 +447,7 @@ fn compare(
                     return Some(Err(fault(e.to_string())));
                 }
                 for (&x, &y) in a[..n].iter().zip(&b[..n]) {
+                    s.differing += u64::from(x.to_bits() != y.to_bits());
                     let (x, y) = (f64::from(x), f64::from(y));
                     s.err2 += (x - y) * (x - y);
                     s.ref2 += y * y;

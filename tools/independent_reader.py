@@ -923,7 +923,99 @@ def unpack_codes(payload: np.ndarray, widths: np.ndarray) -> np.ndarray:
     return (vals << k[None, :]).sum(axis=1)
 
 
+LOSSLESS_MODES = {"lossless_bf16": 1, "lossless_f16": 1, "lossless_f32": 3}  # mode -> raw bytes R
+
+
+def _lossless_words(sym: np.ndarray, raw: np.ndarray, mode: str) -> np.ndarray:
+    """Section 6.7's table: the word of each symbol and raw part (uint32)."""
+    y = sym.astype(np.uint32)
+    if mode == "lossless_f32":
+        r = raw[:, 0].astype(np.uint32) | (raw[:, 1].astype(np.uint32) << 8) \
+            | (raw[:, 2].astype(np.uint32) << 16)
+        return ((r & 0x800000) << 8) | (y << 23) | (r & 0x7FFFFF)
+    r = raw[:, 0].astype(np.uint32)
+    if mode == "lossless_bf16":
+        return ((r & 0x80) << 8) | (y << 7) | (r & 0x7F)
+    return (y << 8) | r
+
+
+def _widen_f16_bits(h: np.ndarray) -> np.ndarray:
+    """Section 6.7: f16 words -> f32 bits, exactly; NaNs keep sign, payload and quiet bit."""
+    return f16_bits_to_f32(h.astype(np.uint16)).view(np.uint32)
+
+
+def decode_lossless_block(payload: bytes, n: int, mode: str) -> np.ndarray:
+    """Section 6.7: a lossless block of n values -> their f32 bits (uint32)."""
+    R = LOSSLESS_MODES[mode]
+    p = np.frombuffer(payload, dtype=np.uint8)
+    if len(p) == 0:
+        raise FormatError("empty lossless block")
+    if p[0] == 1:
+        if len(p) != 2 + n * R:
+            raise FormatError(f"constant lossless block length {len(p)} != {2 + n * R}")
+        sym = np.full(n, p[1], dtype=np.uint32)
+        raw = p[2:].reshape(n, R)
+    elif p[0] == 0:
+        if len(p) < 145:
+            raise FormatError("coded lossless block shorter than its header")
+        nib = np.empty(256, dtype=np.int64)
+        nib[0::2] = p[1:129] & 0xF
+        nib[1::2] = p[1:129] >> 4
+        if (nib > 12).any():
+            raise FormatError(f"code length {int(nib.max())} > 12")
+        used = nib > 0
+        kraft = int((np.int64(1) << (12 - nib[used])).sum())
+        if used.sum() < 2 or kraft != 4096:
+            raise FormatError(f"code lengths not a complete prefix code (Kraft {kraft}/4096, "
+                              f"{int(used.sum())} symbols)")
+        lens = list(struct.unpack_from("<4I", payload, 129))
+        if len(p) != 145 + sum(lens) + n * R:
+            raise FormatError(f"lossless block length {len(p)} != {145 + sum(lens) + n * R}")
+        # RFC 1951 3.2.2 canonical codes; decode MSB-first codes from an LSB-first stream by
+        # reading one bit at a time and matching (length, code) pairs.
+        count = [int((nib == l).sum()) for l in range(16)]
+        count[0] = 0
+        nxt, code = [0] * 16, 0
+        for l in range(1, 16):
+            code = (code + count[l - 1]) << 1
+            nxt[l] = code
+        lookup = {}
+        for y in range(256):
+            l = int(nib[y])
+            if l:
+                lookup[(l, nxt[l])] = y
+                nxt[l] += 1
+        sym = np.zeros(n, dtype=np.uint32)
+        at = 145
+        for j in range(4):
+            bits = np.unpackbits(p[at:at + lens[j]], bitorder="little").tolist()
+            pos = 0
+            for i in range(j, n, 4):
+                c, l = 0, 0
+                while (l, c) not in lookup:
+                    if l >= 12 or pos >= len(bits):
+                        raise FormatError(f"stream {j}: codes run past its {lens[j]} bytes")
+                    c = (c << 1) | bits[pos]
+                    pos += 1
+                    l += 1
+                sym[i] = lookup[(l, c)]
+            if (pos + 7) // 8 != lens[j]:
+                raise FormatError(f"stream {j} is {lens[j]} bytes, its codes take {pos} bits")
+            at += lens[j]
+        raw = p[at:].reshape(n, R)
+    else:
+        raise FormatError(f"lossless block kind {int(p[0])} is not 0 or 1")
+    words = _lossless_words(sym, raw, mode)
+    if mode == "lossless_bf16":
+        return (words << 16).astype(np.uint32)
+    if mode == "lossless_f16":
+        return _widen_f16_bits(words)
+    return words
+
+
 def decode_rknot_block(payload: bytes, tr: int, tc: int, mode: str, bits: int, line_axis):
+    if mode in LOSSLESS_MODES:
+        return decode_lossless_block(payload, tr * tc, mode).view(F32).reshape(tr, tc)
     if len(payload) < 4:
         raise FormatError("block shorter than its scale")
     if mode == "affine":
@@ -1064,6 +1156,9 @@ def _tile_dims(R, C, BR, BC, CT, n):
 
 def _length_bounds(tr, tc, mode, bits, line_axis):
     """Section 6.3, checked at open: [lo, hi] of a valid block length per tile."""
+    if mode in LOSSLESS_MODES:
+        n, R = tr * tc, LOSSLESS_MODES[mode]
+        return 2 + n * R, 145 + 4 * ((-(-n // 4) * 12 + 7) // 8) + n * R
     codes = (tr * tc * bits + 7) // 8
     if mode in ("uniform", "affine"):
         exact = 4 + codes
@@ -1237,8 +1332,10 @@ def open_rknot(path, buf):
             C = k if rcol else d_in
             mode = te["mode"]
             bits = _nonneg_int(te["bits"], "bits")
-            if mode not in ("uniform", "graded", "affine") or not 1 <= bits <= 16:
+            if mode not in ("uniform", "graded", "affine", *LOSSLESS_MODES) or not 1 <= bits <= 16:
                 raise FormatError(f"{path}: {stored}: bad mode/bits")
+            if mode in LOSSLESS_MODES and bits != 8:
+                raise FormatError(f"{path}: {stored}: a {mode} tensor has bits 8, not {bits}")
             line_axis = te.get("line_axis") if mode == "graded" else None
             if mode == "graded" and line_axis not in ("rows", "cols"):
                 raise FormatError(f"{path}: {stored}: graded needs line_axis")
@@ -1292,7 +1389,8 @@ def open_rknot(path, buf):
                 full[np.ix_(rows_map, cols_map)] = compact
                 return full.reshape(-1)
 
-            t = Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored, lossy=True)
+            t = Tensor(canonical_name(stored), [d_out, d_in], loader, "exact", stored,
+                       lossy=mode not in LOSSLESS_MODES)
             t.sums = sums
             _add(tensors, t, path)
     # Section 6.5: no two index ranges (length codes, block CRC-32s) share a byte.

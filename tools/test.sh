@@ -191,7 +191,10 @@ encode_v3 seed-graded --profile seed --graded
 encode_v3 faithful --profile faithful
 encode_v3 seed --profile seed
 encode_v3 compressed-only --profile faithful --compressed-only
-for name in seed-graded faithful seed compressed-only; do
+# Lossless (FORMAT.md section 6.7): the demo's F16 and BF16 matrices in lossless blocks,
+# its quantized ones as ggml blocks.
+encode_v3 lossless --profile lossless
+for name in seed-graded faithful seed compressed-only lossless; do
   f="$v3_dir/$name.rknot"
   alone=""
   for dense in "" demo/tiny-llama.gguf; do
@@ -222,6 +225,16 @@ for name in seed-graded faithful seed compressed-only; do
       || { echo "FAIL: $f does not serve the whole model alone"; exit 1; }
   fi
 done
+# Lossless blocks of every matrix of an F32 GGUF (lossless_f32), decoded by the
+# independent reader from FORMAT.md alone, and verify's bit-identical verdict.
+python3 tools/tiny_llama_gguf.py "$v3_dir/f32.gguf"
+"$bin" encode rknot "$v3_dir/f32.gguf" --out "$v3_dir/lossless-f32.rknot" --profile lossless \
+  >"$v3_dir/encode.log" 2>&1 || { cat "$v3_dir/encode.log"; exit 1; }
+python3 tools/independent_reader.py check "$v3_dir/lossless-f32.rknot" --dense "$v3_dir/f32.gguf" \
+  --rknot-bin "$bin"
+out=$("$bin" verify "$v3_dir/lossless-f32.rknot" --dense "$v3_dir/f32.gguf")
+case $out in *"lossless: bit-identical"*) echo "lossless-f32: verify says bit-identical" ;;
+  *) echo "$out"; echo "FAIL: verify of a lossless encode is not bit-identical"; exit 1 ;; esac
 if $have_model; then
   python3 tools/independent_reader.py check "$model" --rknot-bin "$bin"
 else

@@ -37,10 +37,11 @@ pub struct LayeredBackend {
 
 /// A vocabulary table held lossy-encoded (a sketch or .rknot blocks): never
 /// served, since a compressed vocab table poisons the output. A compressed
-/// file may hold one as ggml blocks (a self-contained .rknot), which serves
-/// like a dense file.
+/// file may hold one as ggml blocks (a self-contained .rknot) or lossless
+/// blocks, which serve the dense values exactly.
 pub(crate) fn is_lossy_vocab(t: &TensorInfo) -> bool {
-    names::is_vocab_tensor(&t.name.dot) && !matches!(t.stored, StoredType::Ggml(_))
+    names::is_vocab_tensor(&t.name.dot)
+        && !matches!(t.stored, StoredType::Ggml(_) | StoredType::RknotLossless(_))
 }
 
 impl LayeredBackend {

@@ -42,6 +42,9 @@ pub enum StoredType {
     Sketch { rank: u64 },
     /// .rknot blocks: `bits` is the uniform width or the graded maximum.
     Rknot { graded: bool, bits: u8 },
+    /// .rknot lossless blocks: every value exactly the source's `float`
+    /// word (not lossy: served wherever ggml blocks would be).
+    RknotLossless(crate::format::rknot::LosslessFloat),
 }
 
 impl fmt::Display for StoredType {
@@ -54,6 +57,7 @@ impl fmt::Display for StoredType {
                 bits,
             } => write!(f, "RKNOT u{bits}"),
             StoredType::Rknot { graded: true, bits } => write!(f, "RKNOT g{bits}"),
+            StoredType::RknotLossless(float) => write!(f, "RKNOT lossless {}", float.name()),
         }
     }
 }

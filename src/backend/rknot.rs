@@ -37,9 +37,12 @@ impl RknotBackend {
                 name,
                 shape: vec![t.d_out, t.d_in],
                 n_elements: t.n_elements(),
-                stored: StoredType::Rknot {
-                    graded: t.mode == BlockMode::Graded,
-                    bits: t.bits,
+                stored: match t.mode.lossless_float() {
+                    Some(float) => StoredType::RknotLossless(float),
+                    None => StoredType::Rknot {
+                        graded: t.mode == BlockMode::Graded,
+                        bits: t.bits,
+                    },
                 },
                 stored_bytes: t.stored_bytes(),
                 origin: org.clone(),

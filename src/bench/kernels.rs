@@ -29,7 +29,7 @@ fn thread_cpu_secs() -> f64 {
 }
 
 /// Runs `f` once: (thread CPU seconds, wall seconds).
-fn timed(mut f: impl FnMut()) -> (f64, f64) {
+pub(super) fn timed(mut f: impl FnMut()) -> (f64, f64) {
     let (c, w) = (thread_cpu_secs(), Instant::now());
     f();
     (thread_cpu_secs() - c, w.elapsed().as_secs_f64())

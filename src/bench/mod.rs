@@ -29,6 +29,7 @@ use crate::backend::{self, Backend};
 mod checksums;
 mod http_server;
 mod kernels;
+mod lossless;
 mod passthrough;
 mod remote;
 mod verdict;
@@ -39,6 +40,7 @@ use crate::quant::GgmlType;
 use crate::synth::{self, Rng};
 pub use checksums::{checksums_bench, strip_checksums};
 pub use kernels::kernels_bench;
+pub use lossless::{LosslessBenchOpts, fp48_bisided_bytes, lossless_bench};
 pub use remote::{RemoteBenchOpts, remote_bench};
 
 use crate::progress::{Meter, Unit};

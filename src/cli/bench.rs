@@ -92,6 +92,23 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 7, value_parser = at_least_1)]
         rounds: usize,
     },
+    /// The lossless .rknot codec on bf16 weights: size against bf16 and
+    /// the order-0 entropy bound, decode GB/s against memcpy of the same
+    /// bytes (one thread), and the seed's fp48 bi-sided packer's ratio; on
+    /// a synthetic 7B-shaped layer and, with --model, a model's matrices.
+    Lossless {
+        /// A dense model (GGUF, safetensors) whose matrices, rounded to
+        /// bf16, are benchmarked too (reported apart).
+        #[arg(long)]
+        model: Option<std::path::PathBuf>,
+        /// Fraction of each synthetic matrix's rows, in (0, 1] (1: the
+        /// whole layer, 202M weights, ~2.5 GB of memory).
+        #[arg(long, default_value_t = 1.0)]
+        fraction: f64,
+        /// Interleaved rounds, at least 1 (medians are reported).
+        #[arg(long, default_value_t = 5, value_parser = at_least_1)]
+        rounds: usize,
+    },
 }
 
 impl BenchCmd {
@@ -147,6 +164,18 @@ impl BenchCmd {
             }
             BenchCmd::Kernels { size_mb, rounds } => {
                 let report = crate::bench::kernels_bench(size_mb, rounds, mode)?;
+                write_stdout(report.as_bytes())
+            }
+            BenchCmd::Lossless {
+                model,
+                fraction,
+                rounds,
+            } => {
+                let report = crate::bench::lossless_bench(&crate::bench::LosslessBenchOpts {
+                    model,
+                    fraction,
+                    rounds,
+                })?;
                 write_stdout(report.as_bytes())
             }
         }

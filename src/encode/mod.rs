@@ -11,6 +11,7 @@ pub mod calibrated;
 pub mod gptq;
 pub mod knot;
 pub mod linalg;
+pub mod lossless;
 mod order;
 /// Atomic output files live below both the encoders and `probe::calibrate`
 /// (which writes STATS files); this path stays for the callers that name it.

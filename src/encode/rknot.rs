@@ -43,6 +43,8 @@ pub enum Profile {
     /// Affine blocks chosen with activation statistics
     /// ([`crate::encode::calibrated`]); set by `calibrated` options.
     Calibrated,
+    /// Every float matrix stored exactly ([`crate::encode::lossless`]).
+    Lossless,
 }
 
 impl Profile {
@@ -51,6 +53,7 @@ impl Profile {
             "seed" => Some(Profile::Seed),
             "faithful" | "default" => Some(Profile::Faithful),
             "calibrated" => Some(Profile::Calibrated),
+            "lossless" => Some(Profile::Lossless),
             _ => None,
         }
     }
@@ -59,6 +62,7 @@ impl Profile {
             Profile::Seed => "seed",
             Profile::Faithful => "faithful",
             Profile::Calibrated => "calibrated",
+            Profile::Lossless => "lossless",
         }
     }
 }
@@ -416,6 +420,10 @@ fn encode_matrix(
             ErrorKind::BadValue,
             "the calibrated profile needs calibration statistics (--calibrate)",
         )),
+        Profile::Lossless => Err(err(
+            ErrorKind::BadValue,
+            "the lossless profile encodes whole files (encode::lossless)",
+        )),
         Profile::Faithful => {
             let line_axis = if o.hidden_lines {
                 axis
@@ -526,6 +534,7 @@ fn tile_values(compact: &[f32], cols: u64, t: &Tile) -> Vec<f32> {
 fn block_width(c: &Coding, t: &Tile) -> u8 {
     match c {
         Coding::Uniform { bits } | Coding::Affine { bits } => *bits,
+        Coding::Lossless { .. } => c.bits(),
         Coding::Graded {
             line_axis: Axis::Rows,
             line_bits,
@@ -554,6 +563,21 @@ pub fn encode_rknot(
     o: &RknotOptions,
     progress: &Progress,
 ) -> Result<Vec<RknotEntry>> {
+    if o.profile == Profile::Lossless {
+        let lo = crate::encode::lossless::LosslessOptions {
+            tensors: o.tensors.clone(),
+            compressed_only: o.compressed_only,
+        };
+        let done = crate::encode::lossless::encode_lossless(dense, out, &lo, progress)?;
+        return Ok(done
+            .into_iter()
+            .map(|(name, stored_bytes, n_elements)| RknotEntry {
+                name,
+                stored_bytes,
+                n_elements,
+            })
+            .collect());
+    }
     if !(0.0..=1.0).contains(&o.coverage) || o.coverage == 0.0 {
         return Err(err(
             ErrorKind::BadValue,

@@ -93,6 +93,7 @@ pub fn encode_into(fmt: ElemFormat, vals: &[f32], skip: usize, take: usize, out:
                     .reinterpret_cast_mut::<bf16>()
                     .convert_from_f32_slice(batch),
             }
+            keep_nans(fmt, batch, dst);
             // The crate serves little-endian hosts only (as for f32).
             let bytes = bytemuck::cast_slice::<u16, u8>(dst);
             let lo = skip.saturating_sub(pos);
@@ -103,8 +104,50 @@ pub fn encode_into(fmt: ElemFormat, vals: &[f32], skip: usize, take: usize, out:
     }
 }
 
+/// Give each NaN of `vals` its narrowed bits as a shift would (sign and
+/// the payload's high bits kept, a signalling NaN left signalling): the
+/// `half` crate sets the quiet bit of every NaN, so a bf16 checkpoint's
+/// signalling NaN, widened exactly to f32, came back quiet in its `.bf16`
+/// file. A NaN whose payload the shift would drop entirely gets the quiet
+/// bit, as `half` gives it (it must stay a NaN).
+fn keep_nans(fmt: ElemFormat, vals: &[f32], dst: &mut [u16]) {
+    for (d, v) in dst.iter_mut().zip(vals) {
+        if v.is_nan() {
+            let b = v.to_bits();
+            *d = match fmt {
+                ElemFormat::Bf16 => {
+                    let h = (b >> 16) as u16;
+                    if h & 0x7f == 0 { h | 0x40 } else { h }
+                }
+                _ => {
+                    let payload = ((b >> 13) & 0x3ff) as u16;
+                    let h = ((b >> 16) & 0x8000) as u16 | 0x7c00 | payload;
+                    if payload == 0 { h | 0x200 } else { h }
+                }
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn nans_keep_their_payload_and_signalling_bit() {
+        // bf16 words as f32, the f16 signalling NaN 0x7c01 widened exactly.
+        let vals = [
+            f32::from_bits(0x7f81_0000),
+            f32::from_bits(0xffc1_0000),
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0x7f80_2000),
+        ];
+        let mut out = Vec::new();
+        encode_into(ElemFormat::Bf16, &vals, 0, 8, &mut out);
+        assert_eq!(out, vec![0x81, 0x7f, 0xc1, 0xff, 0xc0, 0x7f, 0xc0, 0x7f]);
+        let mut out = Vec::new();
+        encode_into(ElemFormat::F16, &vals[3..], 0, 2, &mut out);
+        assert_eq!(out, vec![0x01, 0x7c]);
+    }
+
     use super::*;
 
     #[test]

@@ -16,7 +16,8 @@ use rknot::format::gguf::write_gguf;
 use rknot::format::knot::{KnotTensorOut, write_knot};
 use rknot::format::meta::{MetaType, MetaValue, Metadata};
 use rknot::format::rknot::{
-    ArchMeta, Axis, Coding, LayerOut, Manifest, TensorSpec, write_rknot, write_rknot_v2,
+    ArchMeta, Axis, Coding, LayerOut, LosslessFloat, Manifest, TensorSpec, write_rknot,
+    write_rknot_v2,
 };
 use rknot::format::sk32::{Sketch, write_sk32};
 use rknot::quant::GgmlType;
@@ -570,6 +571,206 @@ fn rknot_base_layers() -> Vec<LayerOut> {
     vec![l0, l1]
 }
 
+/// A version-2 .rknot (no checksums: a codec fault is what a read meets)
+/// of lossless tensors (docs/FORMAT.md 6.7), layer 0, d 16, nothing
+/// restricted: tensors[0] `blk.0.attn_q.weight` lossless_bf16 [16, 64], one
+/// coded block [16, 64]; tensors[1] `blk.0.attn_k.weight` lossless_f32
+/// [4, 16], blocks [2, 16]; tensors[2] `blk.0.attn_v.weight` lossless_f16
+/// [4, 16], block [4, 16]; tensors[3] `blk.0.ffn_up.weight` lossless_bf16
+/// [2, 8] of one value (a constant block).
+pub fn lossless_layers() -> Vec<LayerOut> {
+    let lossless = |float| Coding::Lossless { float };
+    // Every dimension standing, as the lossless profile writes.
+    let all = Manifest {
+        d: 16,
+        standing_indices: (0..16).collect(),
+        amplitudes: vec![1.0; 16],
+        phase_alignment: vec![1.0; 16],
+    };
+    let mut l = layer(
+        0,
+        all,
+        vec![
+            spec(
+                "blk.0.attn_q.weight",
+                [16, 64],
+                (false, false),
+                lossless(LosslessFloat::Bf16),
+                [16, 64],
+            ),
+            spec(
+                "blk.0.attn_k.weight",
+                [4, 16],
+                (false, false),
+                lossless(LosslessFloat::F32),
+                [2, 16],
+            ),
+            spec(
+                "blk.0.attn_v.weight",
+                [4, 16],
+                (false, false),
+                lossless(LosslessFloat::F16),
+                [4, 16],
+            ),
+        ],
+        40,
+    );
+    let constant = spec(
+        "blk.0.ffn_up.weight",
+        [2, 8],
+        (false, false),
+        lossless(LosslessFloat::Bf16),
+        [2, 8],
+    );
+    let blocks = constant.encode(&l.manifest, &[0.5; 16]);
+    l.tensors.push((constant, blocks));
+    vec![l]
+}
+
+pub fn lossless_base() -> Vec<u8> {
+    rknot_bytes(1, &lossless_layers())
+}
+
+/// Lossless blocks (docs/FORMAT.md 6.7): code tables, stream and raw
+/// lengths, kinds; each breaks one block of [`lossless_base`] and is met
+/// when the tensor is read, except `bits`, refused at open.
+fn lossless_cases(c: &mut Corpus) {
+    let edit = |f: &dyn Fn(&mut Value, &mut Vec<u8>)| {
+        let (mut h, mut body) = rknot_split(&lossless_base()).expect("valid lossless rknot");
+        f(&mut h, &mut body);
+        rknot_join(&h, &body)
+    };
+    let q = |h: &Value| block_off(h, 0, 0, 0);
+    // The bf16 block's code lengths: nibbles of bytes 1..129; the symbols
+    // of the waves (exponents near 127) have codes, the first ones not.
+    let nibble = |body: &[u8], at: usize, y: usize| (body[at + 1 + y / 2] >> (4 * (y % 2))) & 0xf;
+    let set_nibble = |body: &mut [u8], at: usize, y: usize, v: u8| {
+        let b = &mut body[at + 1 + y / 2];
+        *b = if y % 2 == 0 {
+            (*b & 0xf0) | v
+        } else {
+            (*b & 0x0f) | (v << 4)
+        };
+    };
+    let used = |body: &[u8], at: usize| {
+        (0..256)
+            .find(|&y| nibble(body, at, y) != 0)
+            .expect("a code")
+    };
+    c.case(
+        "lossless_code_too_long.rknot",
+        edit(&|h, body| {
+            let at = q(h);
+            let y = used(body, at);
+            set_nibble(body, at, y, 13);
+        }),
+        "BadValue",
+        "the longest allowed is 12",
+        "a lossless code length of 13 bits",
+    );
+    c.read("blk.0.attn_q.weight");
+    c.case(
+        "lossless_oversubscribed.rknot",
+        edit(&|h, body| {
+            let at = q(h);
+            set_nibble(body, at, 0, 1);
+        }),
+        "BadValue",
+        "oversubscribed",
+        "a 1-bit code added to a complete code: more codes than fit",
+    );
+    c.read("blk.0.attn_q.weight");
+    c.case(
+        "lossless_incomplete.rknot",
+        edit(&|h, body| {
+            // The shortest code (below 12 bits, as another is longer).
+            let at = q(h);
+            let y = (0..256)
+                .filter(|&y| nibble(body, at, y) != 0)
+                .min_by_key(|&y| nibble(body, at, y))
+                .expect("a code");
+            let l = nibble(body, at, y);
+            set_nibble(body, at, y, l + 1);
+        }),
+        "BadValue",
+        "incomplete",
+        "a code made one bit longer: the code no longer fills the table",
+    );
+    c.read("blk.0.attn_q.weight");
+    c.case(
+        "lossless_stream_lengths.rknot",
+        edit(&|h, body| {
+            // One byte moved from stream 0 to stream 1: the total is
+            // right, the codes end elsewhere.
+            let at = q(h) + 129;
+            let l0 = u32::from_le_bytes(body[at..at + 4].try_into().unwrap());
+            let l1 = u32::from_le_bytes(body[at + 4..at + 8].try_into().unwrap());
+            set(body, at, &(l0 - 1).to_le_bytes());
+            set(body, at + 4, &(l1 + 1).to_le_bytes());
+        }),
+        "LengthMismatch",
+        "stream 0 is",
+        "a stream shorter than its codes (and the next one longer)",
+    );
+    c.read("blk.0.attn_q.weight");
+    c.case(
+        "lossless_stream_past_block.rknot",
+        edit(&|h, body| {
+            let at = q(h) + 129 + 8;
+            set(body, at, &u32::MAX.to_le_bytes());
+        }),
+        "LengthMismatch",
+        "lossless block: ",
+        "a stream length of 2^32 - 1 bytes in a block of a few hundred",
+    );
+    c.read("blk.0.attn_q.weight");
+    c.case(
+        "lossless_raw_truncated.rknot",
+        edit(&|h, _| {
+            // The f32 tensor's second block listed one byte short: its raw
+            // section ends early (the length is still in the open bounds).
+            let b = &mut h["layers"][0]["tensors"][1]["blocks"][1];
+            let len = b[1].as_u64().unwrap();
+            b[1] = json!(len - 1);
+        }),
+        "LengthMismatch",
+        "lossless block: ",
+        "a lossless_f32 block whose raw section is cut short by a byte",
+    );
+    c.read("blk.0.attn_k.weight");
+    c.case(
+        "lossless_kind.rknot",
+        edit(&|h, body| {
+            let at = block_off(h, 0, 2, 0);
+            body[at] = 7;
+        }),
+        "BadValue",
+        "kind 7 is not 0 (coded) or 1 (constant)",
+        "a lossless block kind other than coded (0) and constant (1)",
+    );
+    c.read("blk.0.attn_v.weight");
+    c.case(
+        "lossless_constant_short.rknot",
+        edit(&|h, _| {
+            let b = &mut h["layers"][0]["tensors"][3]["blocks"][0];
+            let len = b[1].as_u64().unwrap();
+            b[1] = json!(len - 1);
+        }),
+        "LengthMismatch",
+        "block 0 has length 17; a 2x8 tile at 8 bits needs 18..=185",
+        "a constant lossless block one raw byte short: below the shortest block, refused at open",
+    );
+    c.case(
+        "lossless_bits.rknot",
+        edit(&|h, _| {
+            h["layers"][0]["tensors"][0]["bits"] = json!(9);
+        }),
+        "BadValue",
+        "a lossless_bf16 tensor has bits 8, not 9",
+        "a lossless tensor's bits other than 8",
+    );
+}
+
 pub fn rknot_seeds() -> Vec<Vec<u8>> {
     let both = layer(
         3,
@@ -629,6 +830,8 @@ pub fn rknot_seeds() -> Vec<Vec<u8>> {
         rknot3_bytes(1, &[odd]),
         rknot3_bytes(0, &[]),
         rknot3_dense_base(),
+        lossless_base(),
+        rknot3_bytes(1, &lossless_layers()),
     ]
 }
 
@@ -998,6 +1201,7 @@ pub fn build() -> Corpus {
     rknot_cases(&mut c);
     rknot3_cases(&mut c);
     rknot3_dense_cases(&mut c);
+    lossless_cases(&mut c);
     gguf_cases(&mut c);
     layered_cases(&mut c);
     magic_cases(&mut c);
@@ -2435,7 +2639,7 @@ fn rknot_cases(c: &mut Corpus) {
         "rknot_mode_unknown.rknot",
         hedit(&|h| t0(h, 0)["mode"] = json!("sparse")),
         "BadValue",
-        "mode \"sparse\" is not \"uniform\", \"graded\" or \"affine\"",
+        "mode \"sparse\" is not one of \"uniform\", \"graded\", \"affine\", \"lossless_bf16\"",
         "mode sparse",
     );
     c.case(

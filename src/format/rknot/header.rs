@@ -13,9 +13,9 @@ use serde_json::value::RawValue;
 
 use super::index::{BlocksSeed, IndexReader, LengthFields, group_sums, packed_blocks};
 use super::{
-    ArchMeta, Axis, BlockMode, BlockTable, Layout, LengthCode, MAX_BITS, MAX_HEADER_LEN,
-    MAX_HEADER_LEN_V3, MAX_INDEX_LEN, MAX_LAYERS, MAX_TILE_ELEMS, Manifest, RKNOT_MAGIC_V2,
-    RKNOT_MAGIC_V3, RKNOT_V2_PREFIX_LEN, RKNOT_V3_BODY_OFFSET, RKNOT_V3_END_MAGIC,
+    ArchMeta, Axis, BlockMode, BlockTable, LOSSLESS_BITS, Layout, LengthCode, MAX_BITS,
+    MAX_HEADER_LEN, MAX_HEADER_LEN_V3, MAX_INDEX_LEN, MAX_LAYERS, MAX_TILE_ELEMS, Manifest,
+    RKNOT_MAGIC_V2, RKNOT_MAGIC_V3, RKNOT_V2_PREFIX_LEN, RKNOT_V3_BODY_OFFSET, RKNOT_V3_END_MAGIC,
     RKNOT_V3_FOOTER_LEN, RknotLayer, RknotTensorInfo, TileGrid,
 };
 use crate::error::{ErrorKind, Result, err, mul};
@@ -755,22 +755,30 @@ fn build_tensor(
             ));
         }
     }
-    let mode = match required(r.mode, ctx, "mode")?.as_str() {
-        "uniform" => BlockMode::Uniform,
-        "graded" => BlockMode::Graded,
-        "affine" => BlockMode::Affine,
-        m => {
-            return Err(err(
-                ErrorKind::BadValue,
-                format!("mode {m:?} is not \"uniform\", \"graded\" or \"affine\""),
-            ));
-        }
-    };
+    let mode_name = required(r.mode, ctx, "mode")?;
+    let mode = BlockMode::parse(&mode_name).ok_or_else(|| {
+        err(
+            ErrorKind::BadValue,
+            format!(
+                "mode {mode_name:?} is not one of {}",
+                BlockMode::ALL.map(|m| format!("{:?}", m.name())).join(", ")
+            ),
+        )
+    })?;
     let bits = required(r.bits, ctx, "bits")?;
     if !(1..=u64::from(MAX_BITS)).contains(&bits) {
         return Err(err(
             ErrorKind::BadValue,
             format!("bits {bits} must be in 1..={MAX_BITS}"),
+        ));
+    }
+    if mode.lossless_float().is_some() && bits != u64::from(LOSSLESS_BITS) {
+        return Err(err(
+            ErrorKind::BadValue,
+            format!(
+                "a {} tensor has bits {LOSSLESS_BITS}, not {bits}",
+                mode.name()
+            ),
         ));
     }
     let line_axis = match &r.line_axis {

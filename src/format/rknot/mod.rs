@@ -52,8 +52,9 @@ mod writer;
 pub use bits::BitWriter;
 pub use blocks::{BlockTable, LengthCode, PackedLengths};
 pub use codec::{
-    BlockCodec, Coding, check_block, decode_block, decode_block_rows, pack_affine_block,
-    pack_block, quantize_affine_tile, quantize_tile,
+    BlockCodec, Coding, LOSSLESS_BITS, LosslessFloat, check_block, code_lengths, decode_block,
+    decode_block_rows, decode_lossless_bf16, decode_lossless_words, pack_affine_block, pack_block,
+    pack_lossless_block, quantize_affine_tile, quantize_tile,
 };
 pub use header::read_layout;
 use header::{check_overlaps, parse_header};
@@ -132,20 +133,60 @@ impl Manifest {
 /// Uniform: every code has `bits`. Graded: each block starts with a width
 /// per line of its tile, each <= `bits`. Affine: every code has `bits` and
 /// the block has an f16 scale and an f16 offset (value = code × scale +
-/// offset), the grid of ggml's Q4_1/Q5_1 blocks.
+/// offset), the grid of ggml's Q4_1/Q5_1 blocks. Lossless: every bf16, f16
+/// or f32 word stored exactly, its exponent entropy-coded (`bits` is 8, the
+/// coded symbol's width).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockMode {
     Uniform,
     Graded,
     Affine,
+    LosslessBf16,
+    LosslessF16,
+    LosslessF32,
 }
 
 impl BlockMode {
+    pub const ALL: [BlockMode; 6] = [
+        BlockMode::Uniform,
+        BlockMode::Graded,
+        BlockMode::Affine,
+        BlockMode::LosslessBf16,
+        BlockMode::LosslessF16,
+        BlockMode::LosslessF32,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             BlockMode::Uniform => "uniform",
             BlockMode::Graded => "graded",
             BlockMode::Affine => "affine",
+            BlockMode::LosslessBf16 => "lossless_bf16",
+            BlockMode::LosslessF16 => "lossless_f16",
+            BlockMode::LosslessF32 => "lossless_f32",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<BlockMode> {
+        BlockMode::ALL.into_iter().find(|m| m.name() == s)
+    }
+
+    /// The lossless mode of `float`.
+    pub fn lossless(float: LosslessFloat) -> BlockMode {
+        match float {
+            LosslessFloat::Bf16 => BlockMode::LosslessBf16,
+            LosslessFloat::F16 => BlockMode::LosslessF16,
+            LosslessFloat::F32 => BlockMode::LosslessF32,
+        }
+    }
+
+    /// The float type a lossless mode stores; None for the others.
+    pub fn lossless_float(self) -> Option<LosslessFloat> {
+        match self {
+            BlockMode::LosslessBf16 => Some(LosslessFloat::Bf16),
+            BlockMode::LosslessF16 => Some(LosslessFloat::F16),
+            BlockMode::LosslessF32 => Some(LosslessFloat::F32),
+            _ => None,
         }
     }
 }

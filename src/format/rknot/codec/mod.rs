@@ -17,9 +17,13 @@ use crate::error::{ErrorKind, Result, err};
 
 mod affine;
 mod graded;
+mod lossless;
 mod uniform;
 
 pub use affine::{pack_affine_block, quantize_affine_tile};
+pub use lossless::{
+    LosslessFloat, code_lengths, decode_lossless_bf16, decode_lossless_words, pack_lossless_block,
+};
 
 /// One stored block mode. Reader methods take the tensor as its header
 /// declared it (mode, bits, line axis) and a block's payload; writer
@@ -63,9 +67,16 @@ impl BlockMode {
             BlockMode::Uniform => &uniform::Uniform,
             BlockMode::Graded => &graded::Graded,
             BlockMode::Affine => &affine::Affine,
+            BlockMode::LosslessBf16 => &lossless::Lossless(LosslessFloat::Bf16),
+            BlockMode::LosslessF16 => &lossless::Lossless(LosslessFloat::F16),
+            BlockMode::LosslessF32 => &lossless::Lossless(LosslessFloat::F32),
         }
     }
 }
+
+/// The header's `bits` of a lossless tensor: the width of its coded
+/// symbol (the exponent of bf16 and f32, the high byte of f16).
+pub const LOSSLESS_BITS: u8 = 8;
 
 /// How a tensor is coded.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,6 +95,11 @@ pub enum Coding {
     Affine {
         bits: u8,
     },
+    /// Every value stored exactly; blocks built with [`pack_lossless_block`]
+    /// (`codes` of [`pack_block`] are the words).
+    Lossless {
+        float: LosslessFloat,
+    },
 }
 
 impl Coding {
@@ -93,6 +109,7 @@ impl Coding {
             Coding::Uniform { .. } => BlockMode::Uniform,
             Coding::Graded { .. } => BlockMode::Graded,
             Coding::Affine { .. } => BlockMode::Affine,
+            Coding::Lossless { float } => BlockMode::lossless(*float),
         }
     }
 
@@ -102,6 +119,7 @@ impl Coding {
         match self {
             Coding::Uniform { bits } | Coding::Affine { bits } => *bits,
             Coding::Graded { max_bits, .. } => *max_bits,
+            Coding::Lossless { .. } => LOSSLESS_BITS,
         }
     }
 
