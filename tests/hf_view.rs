@@ -22,6 +22,7 @@ use common::*;
 use rknot::backend::{self, Backend};
 use rknot::format::gguf;
 use rknot::format::meta::MetaValue;
+use rknot::quant::GgmlType;
 use serde_json::Value;
 
 fn probe_data(name: &str) -> PathBuf {
@@ -751,5 +752,162 @@ fn tokenizers_load_every_rendered_tokenizer() {
             "{name}"
         );
     }
+}
+}
+
+/// tests/data/probe/tiny-qwen2.gguf with its matrices stored as `half`
+/// (F16 or BF16) and its vectors (norms, biases) F32, as llama.cpp's
+/// converter writes an F16/BF16 GGUF; the vectors' values rounded to
+/// `half` first (so they are exact there) but for `inexact`, whose first
+/// value is then nudged off it.
+fn tiny_qwen2_half(dir: &Path, name: &str, half: GgmlType, inexact: Option<&str>) -> PathBuf {
+    use half::{bf16, f16};
+    let src = probe_data("tiny-qwen2.gguf");
+    let b = backend::open(&src, None).unwrap();
+    let md = b.summary().metadata.clone();
+    let round = |x: f32| match half {
+        GgmlType::F16 => f16::from_f32(x).to_f32(),
+        _ => bf16::from_f32(x).to_f32(),
+    };
+    let mut data: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = Vec::new();
+    for (n, ne, bytes) in decoded_f32_tensors(b.as_ref()) {
+        let vals: Vec<f32> = bytes
+            .chunks(4)
+            .map(|c| round(f32::from_le_bytes(c.try_into().unwrap())))
+            .collect();
+        if ne.len() >= 2 {
+            let out: Vec<u8> = vals
+                .iter()
+                .flat_map(|&x| match half {
+                    GgmlType::F16 => f16::from_f32(x).to_le_bytes(),
+                    _ => bf16::from_f32(x).to_le_bytes(),
+                })
+                .collect();
+            data.push((n, ne, half, out));
+        } else {
+            let mut vals = vals;
+            if inexact == Some(n.as_str()) {
+                vals[0] = f32::from_bits(vals[0].to_bits() + 1);
+            }
+            data.push((n, ne, GgmlType::F32, f32_le_bytes(&vals)));
+        }
+    }
+    let tensors: Vec<(String, Vec<u64>, GgmlType, &[u8])> = data
+        .iter()
+        .map(|(n, ne, t, d)| (n.clone(), ne.clone(), *t, &d[..]))
+        .collect();
+    let path = dir.join(name);
+    let mut out = Vec::new();
+    gguf::write_gguf(&mut out, &md, &tensors, 32).unwrap();
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+/// The stored bytes of tensor `name` of the GGUF at `path`.
+fn stored_bytes(path: &Path, name: &str) -> Vec<u8> {
+    let g = gguf_header(path);
+    let t = g.tensor(name).unwrap();
+    let f = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; t.n_bytes as usize];
+    f.read_exact_at(&mut buf, t.offset).unwrap();
+    buf
+}
+
+fn gguf_header(path: &Path) -> gguf::GgufFile {
+    gguf::GgufFile::read(&rknot::source::SourceFile::open(path).unwrap()).unwrap()
+}
+
+needs! { [fuse]
+/// Issue 25, item 2: an F16 or BF16 GGUF (matrices half, vectors F32 but
+/// exact in half) gives hf/ and model.safetensors in its own dtype by
+/// default, config.json's torch_dtype to match, the safetensors bytes the
+/// GGUF's stored ones; model.gguf stays F32. A vector that is not exact in
+/// the half type keeps them F32 (auto never rounds), and -o hf_dtype=
+/// overrides either way, a rounding view saying so in index.json, ctl and
+/// the log.
+fn half_sources_are_served_in_their_own_dtype() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let views = |m: &Mounted| -> Vec<Value> {
+        let index = json_file(&m.path("index.json"));
+        index["views"]["files"].as_array().unwrap().clone()
+    };
+    let view = |vs: &[Value], name: &str| -> Value {
+        vs.iter().find(|v| v["name"] == name).unwrap_or_else(|| panic!("no {name}: {vs:?}")).clone()
+    };
+    for (half, st, torch) in [
+        (GgmlType::F16, "F16", "float16"),
+        (GgmlType::Bf16, "BF16", "bfloat16"),
+    ] {
+        let src = tiny_qwen2_half(dir.path(), &format!("q-{st}.gguf"), half, None);
+        let m = Mounted::new(&src, &[]);
+        let c = json_file(&m.path("hf/config.json"));
+        assert_eq!((c["torch_dtype"].as_str(), c["dtype"].as_str()), (Some(torch), Some(torch)));
+        for path in [m.path("hf/model.safetensors"), m.path("model.safetensors")] {
+            let h = st_header(&path);
+            assert!(h.tensors.values().all(|t| t.0 == st), "{st} {path:?}");
+        }
+        // Bytes: the GGUF's stored ones (qwen2's rows are not permuted);
+        // the F32 vectors' values in the half type, exactly.
+        let hf = m.path("hf/model.safetensors");
+        let h = st_header(&hf);
+        let (_, _, s, e) = h.tensors["model.layers.1.self_attn.q_proj.weight"].clone();
+        assert!(read_range(&hf, s, e) == stored_bytes(&src, "blk.1.attn_q.weight"), "{st}");
+        let vs = views(&m);
+        for name in ["model.safetensors", "hf/model.safetensors"] {
+            let v = view(&vs, name);
+            assert_eq!((v["dtype"].as_str(), v["exact"].as_bool()), (Some(st), Some(true)), "{v}");
+        }
+        assert_eq!(view(&vs, "model.gguf")["dtype"], "F32");
+        let index = json_file(&m.path("index.json"));
+        assert_eq!(index["views"]["main_dtype"], st, "{index}");
+        let g = gguf_header(&m.path("model.gguf"));
+        assert!(g.tensors.iter().all(|t| t.ty == GgmlType::F32));
+        drop(m);
+
+        // One vector not exact in the half type: auto keeps F32, exactly.
+        let off = tiny_qwen2_half(dir.path(), &format!("q-{st}-off.gguf"), half, Some("blk.0.attn_norm.weight"));
+        let m = Mounted::new(&off, &[]);
+        assert_eq!(json_file(&m.path("hf/config.json"))["torch_dtype"], "float32");
+        let index = json_file(&m.path("index.json"));
+        assert_eq!(index["views"]["main_dtype"], "F32", "{index}");
+        let reason = index["views"]["main_dtype_reason"].as_str().unwrap();
+        assert!(reason.contains("not every tensor is exact"), "{reason}");
+        assert!(views(&m).iter().all(|v| v["exact"] != false), "{index}");
+        drop(m);
+
+        // Asked for: served as asked, the rounding said.
+        let other = if st == "F16" { "bf16" } else { "f16" };
+        let opt = format!("hf_dtype={other}");
+        let m = Mounted::new(&off, &["-o", &opt]);
+        let vs = views(&m);
+        let v = view(&vs, "hf/model.safetensors");
+        assert_eq!((v["dtype"].as_str(), v["exact"].as_bool()), (Some(other.to_uppercase().as_str()), Some(false)), "{v}");
+        let note = v["notes"].to_string();
+        assert!(note.contains("not exact") && note.contains("-o hf_dtype=f32"), "{note}");
+        let ctl = std::fs::read_to_string(m.path("ctl")).unwrap();
+        assert!(ctl.contains("hf/model.safetensors (") && ctl.contains("not exact:"), "{ctl}");
+        let log = m.log();
+        assert_eq!(log.matches("hf/model.safetensors (").count(), 1, "{log}");
+        drop(m);
+        let m = Mounted::new(&src, &["-o", "hf_dtype=f32"]);
+        assert_eq!(json_file(&m.path("hf/config.json"))["torch_dtype"], "float32");
+        assert!(st_header(&m.path("hf/model.safetensors")).tensors.values().all(|t| t.0 == "F32"));
+        drop(m);
+    }
+    // A bad value is a usage error naming the option.
+    let src = probe_data("tiny-qwen2.gguf");
+    let mp = tempfile::tempdir().unwrap();
+    let o = Command::new(common::mount::mount_bin())
+        .arg(&src)
+        .arg(mp.path())
+        .args(["-o", "hf_dtype=half"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("hf_dtype=\"half\""), "{err}");
 }
 }

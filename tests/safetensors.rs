@@ -452,20 +452,54 @@ needs! { [hf, fuse]
                 continue;
             }
             // The Hugging Face names, in Hugging Face row order: hf/'s
-            // model.safetensors holds every tensor as torch has it.
-            let view = std::fs::read(m.path("hf/model.safetensors"))
-                .unwrap_or_else(|e| panic!("{c} hf/model.safetensors: {e}\n{}", m.log()));
-            let len = u64::from_le_bytes(view[..8].try_into().unwrap()) as usize;
-            let h = rknot::format::safetensors::header::parse(&view[8..8 + len], view.len() as u64)
-                .unwrap();
-            for t in &fixture().reference[*c]["tensors"].as_array().unwrap()[..] {
-                let hf = t["hf"].as_str().unwrap();
-                let want = std::fs::read(t["hf_file"].as_str().unwrap()).unwrap();
-                let e = h.tensors.iter().find(|e| e.name == hf).unwrap_or_else(|| panic!("{c}: no {hf}"));
-                let at = (h.data_start + e.begin) as usize;
-                assert!(view[at..at + want.len()] == want[..], "{c} hf/ {hf} differs from torch's");
+            // model.safetensors holds every tensor as torch has it, in the
+            // checkpoint's own dtype (issue 25, item 2); with
+            // -o hf_dtype=f32, as torch's f32.
+            let bf16_source = c.contains("bf16");
+            hf_view_holds_the_checkpoint(c, &m, bf16_source);
+            if bf16_source {
+                drop(m);
+                let m = Mounted::new(&dir, &["-o", "hf_dtype=f32"]);
+                hf_view_holds_the_checkpoint(c, &m, false);
             }
         }
+    }
+}
+
+/// `hf/model.safetensors` of mount `m` of checkpoint `c` holds every
+/// tensor's bytes: in BF16 (`bf16`: the checkpoint's own, the top halves
+/// of torch's f32) or F32; config.json's torch_dtype says which.
+fn hf_view_holds_the_checkpoint(c: &str, m: &Mounted, bf16: bool) {
+    let view = std::fs::read(m.path("hf/model.safetensors"))
+        .unwrap_or_else(|e| panic!("{c} hf/model.safetensors: {e}\n{}", m.log()));
+    let len = u64::from_le_bytes(view[..8].try_into().unwrap()) as usize;
+    let h =
+        rknot::format::safetensors::header::parse(&view[8..8 + len], view.len() as u64).unwrap();
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(m.path("hf/config.json")).unwrap()).unwrap();
+    let dtype = if bf16 { "bfloat16" } else { "float32" };
+    assert_eq!(config["torch_dtype"], dtype, "{c}");
+    for t in &fixture().reference[c]["tensors"].as_array().unwrap()[..] {
+        let hf = t["hf"].as_str().unwrap();
+        let mut want = std::fs::read(t["hf_file"].as_str().unwrap()).unwrap();
+        if bf16 {
+            want = want.chunks(4).flat_map(|b| [b[2], b[3]]).collect();
+        }
+        let e = h
+            .tensors
+            .iter()
+            .find(|e| e.name == hf)
+            .unwrap_or_else(|| panic!("{c}: no {hf}"));
+        assert_eq!(
+            e.end - e.begin,
+            want.len() as u64,
+            "{c} hf/ {hf}: {dtype}'s size"
+        );
+        let at = (h.data_start + e.begin) as usize;
+        assert!(
+            view[at..at + want.len()] == want[..],
+            "{c} hf/ {hf} differs from torch's"
+        );
     }
 }
 
@@ -691,5 +725,116 @@ needs! { [model]
             n += 1;
         }
         assert!(n > 200, "{n} tensors");
+    }
+}
+
+// ------------------------------------------- a bf16 checkpoint's own dtype
+
+/// A tiny random llama saved in bf16 by transformers' own classes
+/// (`save_pretrained`), with SmolLM2's tokenizer files beside it: argv
+/// out_dir.
+const MAKE_BF16_LLAMA: &str = r#"
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(25)
+cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+# Norms away from 1.0, so that their bytes say something.
+with torch.no_grad():
+    for n, p in m.named_parameters():
+        if "norm" in n:
+            p.copy_(1 + 0.1 * torch.randn_like(p, dtype=torch.float32))
+m.save_pretrained(sys.argv[1])
+print("SAVED")
+"#;
+
+/// transformers on MOUNT/hf against the checkpoint itself, both in bf16:
+/// the same tensors bit for bit (the view's safetensors bytes through
+/// safe_open), `dtype="auto"` loads bf16, the same logits (torch.equal).
+/// argv: hf_dir checkpoint_dir.
+const CHECK_BF16_HF: &str = r#"
+import json, os, sys, torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+hf_dir, ckpt = sys.argv[1:3]
+cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+assert cfg["torch_dtype"] == "bfloat16", cfg
+with safe_open(os.path.join(hf_dir, "model.safetensors"), "pt") as a, \
+     safe_open(os.path.join(ckpt, "model.safetensors"), "pt") as b:
+    assert set(a.keys()) == set(b.keys()), set(a.keys()) ^ set(b.keys())
+    for k in b.keys():
+        x, y = a.get_tensor(k), b.get_tensor(k)
+        assert x.dtype == y.dtype == torch.bfloat16, (k, x.dtype, y.dtype)
+        assert torch.equal(x.view(torch.int16), y.view(torch.int16)), k
+auto = AutoModelForCausalLM.from_pretrained(hf_dir, dtype="auto")
+assert all(p.dtype == torch.bfloat16 for p in auto.parameters())
+del auto
+ours = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16).eval()
+theirs = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).eval()
+ids = torch.randint(0, 49152, (2, 24), generator=torch.Generator().manual_seed(7))
+with torch.no_grad():
+    la, lb = ours(ids).logits, theirs(ids).logits
+assert la.dtype == torch.bfloat16 and torch.equal(la, lb), (la - lb).abs().max()
+print("LOGITS EQUAL", tuple(la.shape))
+"#;
+
+/// gguf-py over MOUNT/model.native.gguf of a checkpoint (argv mount_dir):
+/// every tensor in its stored ggml type, dequantizing (gguf-py) to the
+/// mount's .f32 file of it bit for bit. Prints `NATIVE <tensors> <types>`.
+const CHECK_NATIVE: &str = r#"
+import os, sys, numpy as np, gguf
+mnt = sys.argv[1]
+r = gguf.GGUFReader(os.path.join(mnt, "model.native.gguf"))
+for t in r.tensors:
+    want = np.fromfile(os.path.join(mnt, t.name + ".f32"), dtype=np.float32)
+    got = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(-1)
+    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), t.name
+print("NATIVE", len(r.tensors), ",".join(sorted({t.tensor_type.name for t in r.tensors})))
+"#;
+
+needs! { [hf, model, fuse]
+    /// Issue 25, item 2: a bf16 checkpoint's hf/ is bf16 by default, and
+    /// transformers loaded from it in bf16 gives the checkpoint's own
+    /// logits exactly; model.native.gguf re-frames its stored tensors for
+    /// gguf-py (llama's Q/K rows in the converter's order, as the mount's
+    /// GGUF-named files), each equal to what the mount serves.
+    fn a_bf16_checkpoint_is_served_in_bf16() {
+        let py = std::env::var_os("RKNOT_HF_PYTHON").filter(|p| !p.is_empty())
+            .expect("RKNOT_HF_PYTHON: a python3 with torch and transformers (tools/hf-env.sh)");
+        let work = tempfile::tempdir().unwrap();
+        let ckpt = work.path().join("llama-bf16");
+        let o = Command::new(&py).args(["-c", MAKE_BF16_LLAMA]).arg(&ckpt).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        {
+            let smol = common::smollm2().expect("SmolLM2 (tools/fetch-smollm2.sh)");
+            let m = Mounted::new(&smol, &[]);
+            for f in ["tokenizer.json", "tokenizer_config.json"] {
+                std::fs::copy(m.path("hf").join(f), ckpt.join(f)).unwrap();
+            }
+        }
+        let m = Mounted::new(&ckpt, &[]);
+        let index: Value =
+            serde_json::from_slice(&std::fs::read(m.path("index.json")).unwrap()).unwrap();
+        assert_eq!(index["views"]["main_dtype"], "BF16", "{index}");
+        let o = Command::new(&py)
+            .args(["-c", CHECK_BF16_HF])
+            .arg(m.path("hf"))
+            .arg(&ckpt)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("LOGITS EQUAL"),
+            "{out}\n{}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            m.log()
+        );
+        eprintln!("{out}");
+        // The stored tensors re-framed: all BF16 (save_pretrained's bf16
+        // model has no other dtype), 2 + 2 x 9 + 1 of them.
+        let native = common::python(CHECK_NATIVE, &[&m.path("")]).expect("gguf-py (tools/python-env.sh)");
+        assert_eq!(native.trim(), "NATIVE 21 BF16", "{native}");
     }
 }

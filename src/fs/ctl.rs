@@ -446,10 +446,14 @@ impl TensorFs {
         for v in &self.ns.views {
             o += &match &v.layout {
                 Ok(l) => format!(
-                    "view:      {} ({}, {} B)\n",
+                    "view:      {} ({}, {} B{})\n",
                     v.view.name(),
-                    v.view.dtype(),
-                    l.size()
+                    v.dtype(),
+                    l.size(),
+                    self.ns
+                        .precision
+                        .rounding_of(v)
+                        .map_or(String::new(), |r| format!("; {r}"))
                 ),
                 Err(why) => format!("view:      {} absent: {}\n", v.view.name(), Escaped(why)),
             };
@@ -505,7 +509,11 @@ impl TensorFs {
                 "dropped": self.prefetch.dropped(),
             },
             "views": self.ns.views.iter().map(|v| match &v.layout {
-                Ok(l) => json!({"name": v.view.name(), "dtype": v.view.dtype(), "size": l.size()}),
+                Ok(l) => {
+                    let rounding = self.ns.precision.rounding_of(v);
+                    json!({"name": v.view.name(), "dtype": v.dtype(), "size": l.size(),
+                           "exact": rounding.is_none(), "rounding": rounding})
+                }
                 Err(why) => json!({"name": v.view.name(), "absent": why}),
             }).collect::<Vec<_>>(),
             "unserved": self.ns.unserved.iter().map(|(n, why)| json!({"name": n, "reason": why})).collect::<Vec<_>>(),

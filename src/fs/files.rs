@@ -38,6 +38,26 @@ pub(super) struct ViewFile {
     pub(super) notes: Vec<String>,
 }
 
+impl ViewFile {
+    /// The element type its tensors are in, as `ctl` and index.json say
+    /// it: the layout's (`model.safetensors` is in the mount's dtype,
+    /// `fs::precision`), "stored" for `model.native.gguf`.
+    pub(super) fn dtype(&self) -> &'static str {
+        match (&self.layout, self.view) {
+            (_, ModelView::NativeGguf) | (Err(_), _) => self.view.dtype(),
+            (Ok(l), _) => l.fmt().dtype(),
+        }
+    }
+
+    /// The tensor files its segments serve.
+    pub(super) fn tensor_files(&self) -> Vec<usize> {
+        match &self.layout {
+            Ok(l) => l.segments().iter().map(|s| s.file).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
 /// The key/values the model views carry, and whose they are: the dense
 /// fallback's when there is one (it is the complete model file), unless it
 /// has none; else the source's.

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::files::{ViewFile, view_metadata};
 use super::inodes::HF_DIR_NAME;
 use super::namespace::Namespace;
+use super::precision::Precision;
 use super::views::{ElemFormat, ModelView};
 use crate::backend::Backend;
 use crate::names::TensorName;
@@ -98,7 +99,12 @@ fn hf_value(ns: &Namespace) -> Value {
     }
 }
 
-fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> Value {
+fn views_value(
+    b: &dyn Backend,
+    formats: &[ElemFormat],
+    views: &[ViewFile],
+    precision: &Precision,
+) -> Value {
     let files: Vec<Value> = views
         .iter()
         .map(|vf| {
@@ -108,9 +114,14 @@ fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> V
                     ModelView::Gguf | ModelView::NativeGguf => "gguf",
                     ModelView::Safetensors(_) | ModelView::Hf(_) => "safetensors",
                 },
-                "dtype": vf.view.dtype(),
+                "dtype": vf.dtype(),
                 "available": vf.layout.is_ok(),
             });
+            if vf.layout.is_ok() && vf.view != ModelView::NativeGguf {
+                // Whether every tensor's values are the decoded ones
+                // exactly (the notes say what rounds otherwise).
+                e["exact"] = json!(precision.rounding_of(vf).is_none());
+            }
             match &vf.layout {
                 Ok(l) => {
                     e["size"] = json!(l.size());
@@ -128,6 +139,9 @@ fn views_value(b: &dyn Backend, formats: &[ElemFormat], views: &[ViewFile]) -> V
     json!({
         "tensor_formats": formats.iter().map(|f| f.ext()).collect::<Vec<_>>(),
         "metadata_from": view_metadata(b).1,
+        // model.safetensors and hf/ are in this dtype (-o hf_dtype=).
+        "main_dtype": precision.main.dtype(),
+        "main_dtype_reason": precision.reason,
         "files": files,
     })
 }
@@ -154,7 +168,7 @@ impl IndexJson {
         if !remote.is_empty() {
             v["remote"] = json!(remote);
         }
-        v["views"] = views_value(b, &ns.formats, &ns.views);
+        v["views"] = views_value(b, &ns.formats, &ns.views, &ns.precision);
         v["views"]["hf"] = hf_value(ns);
         v["version"] = json!(env!("CARGO_PKG_VERSION"));
         let mut doc = serde_json::to_string_pretty(&v).unwrap_or_default();

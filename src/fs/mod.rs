@@ -62,6 +62,7 @@ mod inodes;
 mod namespace;
 mod native_read;
 pub mod passthrough;
+pub mod precision;
 mod prefetch;
 mod read;
 pub mod views;
@@ -109,6 +110,8 @@ pub struct FsConfig {
     pub prefetch_max_chunks: u64,
     /// Tensor formats served besides f32 (`--views`).
     pub views: ViewSet,
+    /// The dtype of `model.safetensors` and `hf/` (`-o hf_dtype=`).
+    pub hf_dtype: precision::HfDtype,
     /// Encoding jobs through `ctl` (None: not offered).
     pub jobs: Option<JobsConfig>,
     /// Manifest checks of the backend (`--manifest`): reported in `ctl`;
@@ -141,6 +144,7 @@ impl Default for FsConfig {
             prefetch_threads: 2,
             prefetch_max_chunks: 32,
             views: ViewSet::default(),
+            hf_dtype: precision::HfDtype::Auto,
             jobs: None,
             integrity: None,
             decoded: None,
@@ -246,6 +250,14 @@ impl TensorFs {
         // on two threads, GGUF and safetensors apart: the GGUF one is the
         // longest job.
         let started = Instant::now();
+        let precision =
+            precision::Precision::decide(backend.as_ref(), &files, config.hf_dtype, &formats[1..]);
+        log::info!(
+            "model.safetensors and hf/ in {} ({})",
+            precision.main.dtype(),
+            precision.reason
+        );
+        let main = precision.main;
         let requested: Vec<ModelView> = ModelView::ALL
             .into_iter()
             .filter(|v| v.requested(config.views))
@@ -263,14 +275,14 @@ impl TensorFs {
             // hf/ (its header, config and tokenizer JSON) on a third thread.
             let hf = {
                 let (b, files, formats) = (backend.as_ref(), &files, &hf_formats);
-                s.spawn(move || hf::build(b, files, formats))
+                s.spawn(move || hf::build(b, files, formats, main))
             };
             let build = |which: Vec<ModelView>| {
                 let (b, files) = (backend.as_ref(), &files);
                 s.spawn(move || {
                     let t = Instant::now();
                     (
-                        namespace::build_views(b, files, &which),
+                        namespace::build_views(b, files, &which, main),
                         t.elapsed().as_secs_f64() * 1e3,
                     )
                 })
@@ -301,6 +313,17 @@ impl TensorFs {
             (views.0, views.1, hf_dir)
         });
         views.sort_by_key(|v| ModelView::ALL.iter().position(|x| *x == v.view));
+        // Never a silent precision loss: a view that rounds says so in its
+        // notes (index.json, ctl) and once in the log.
+        for v in &mut views {
+            let Some(note) = precision.rounding_of(v) else {
+                continue;
+            };
+            {
+                log::warn!("{} ({}): {note}", v.view.name(), v.dtype());
+                v.notes.push(note);
+            }
+        }
         let jobs = config.jobs.as_ref().map(|j| {
             crate::jobs::JobManager::new(
                 j.dir.clone(),
@@ -317,6 +340,7 @@ impl TensorFs {
             formats,
             views,
             hf_dir,
+            precision,
             jobs.is_some(),
         );
         let index = index::IndexJson::build(backend.as_ref(), &ns);

@@ -20,6 +20,7 @@ use super::inodes::{
     HF_DIR_INO, HF_DIR_NAME, INDEX_INO, INDEX_NAME, JOB_INO_BASE, JOBS_DIR_INO, JOBS_DIR_NAME,
     ROOT_INO, alias_of, is_hf_ino, tensor_ino,
 };
+use super::precision::{Precision, served_format};
 use super::views::{self, Layout, ModelView, ViewTensor};
 use super::{Attr, FsConfig, Kind, StatFs, TensorFs};
 use crate::backend::{Availability, Backend, TensorInfo};
@@ -59,6 +60,8 @@ pub(super) struct Namespace {
     /// `hf/` (its JSON files; its safetensors views are in `views`), or why
     /// there is none.
     pub(super) hf: std::result::Result<HfDir, String>,
+    /// The dtype of `model.safetensors` and `hf/`, and what rounds where.
+    pub(super) precision: Precision,
     /// A checkpoint's Hugging Face names of its GGUF-named tensors.
     pub(super) aliases: Aliases,
 }
@@ -126,6 +129,7 @@ pub(super) fn build_views(
     b: &dyn Backend,
     files: &[TensorFile],
     requested: &[ModelView],
+    main: ElemFormat,
 ) -> Vec<ViewFile> {
     let entries = b.tensors().entries();
     let tensors = view_tensors(entries, files);
@@ -134,7 +138,7 @@ pub(super) fn build_views(
     let st_formats: Vec<ElemFormat> = requested
         .iter()
         .filter_map(|v| match v {
-            ModelView::Safetensors(f) => Some(*f),
+            ModelView::Safetensors(f) => Some(served_format(*f, main)),
             ModelView::Gguf | ModelView::NativeGguf | ModelView::Hf(_) => None,
         })
         .collect();
@@ -374,7 +378,7 @@ pub fn partial_model(b: &dyn Backend) -> Option<PartialModel> {
             format.name()
         )
     };
-    let hf = hf::build(b, &files, &[]).dir.err();
+    let hf = hf::build(b, &files, &[], ElemFormat::F32).dir.err();
     Some(PartialModel {
         missing,
         why,
@@ -392,6 +396,7 @@ impl Namespace {
         formats: Vec<ElemFormat>,
         views: Vec<ViewFile>,
         hf: std::result::Result<HfDir, String>,
+        precision: Precision,
         jobs: bool,
     ) -> Namespace {
         // ctl.json is the read-only status (0444, whoever may command the
@@ -432,6 +437,7 @@ impl Namespace {
             views_mtime,
             jobs,
             hf,
+            precision,
             aliases,
         }
     }

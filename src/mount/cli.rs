@@ -57,7 +57,8 @@ pub struct MountCli {
     /// Mount options, comma-separated (repeatable): allow_other, allow_root,
     /// default_permissions, uid=, gid=, fsname=, direct_io, cache_mb=,
     /// threads=, prefetch_threads=, readahead_kb=, chunk_kb=, dense=,
-    /// allow_partial, views=,
+    /// allow_partial, views=, hf_dtype=auto|f32|f16|bf16 (model.safetensors
+    /// and hf/: auto is the source's own float dtype where exact, else f32),
     /// jobs_dir=, jobs_remote_prefix=, max_jobs=, nojobs, stop_timeout=, manifest=,
     /// unverified=hold|allow, decoded_cache=, decoded_cache_gb=,
     /// nopassthrough, endpoint=, ca_bundle=, source_cache=,

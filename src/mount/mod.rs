@@ -202,6 +202,7 @@ fn prepare(req: &MountRequest) -> Result<Prepared, Unprepared> {
             .prefetch_threads
             .unwrap_or_else(|| n_cpus().min(options::MAX_PREFETCH_THREADS)),
         views: req.views.or(opts.views).unwrap_or_default(),
+        hf_dtype: opts.hf_dtype.unwrap_or_default(),
         jobs: jobs_config(req, &opts, &source)?,
         integrity: integrity.clone(),
         decoded: decoded_setup(req, &opts)?,

@@ -2,6 +2,7 @@
 
 use fuser::{MountOption, SessionACL};
 
+use crate::fs::precision::HfDtype;
 use crate::fs::views::{ElemFormat, ViewSet};
 use crate::integrity::manifest::Unverified;
 use crate::source::cli as remote_cli;
@@ -23,6 +24,8 @@ pub struct MountOpts {
     /// Mount a source that cannot serve its model whole anyway.
     pub allow_partial: bool,
     pub views: Option<ViewSet>,
+    /// The dtype of `model.safetensors` and `hf/` (`auto`: the source's).
+    pub hf_dtype: Option<HfDtype>,
     pub jobs_dir: Option<String>,
     /// `s3://BUCKET/PREFIX/` where encoding jobs write instead of a
     /// directory (normalized to end with `/`).
@@ -71,6 +74,7 @@ pub const OPTION_GROUPS: &[(&str, &[&str])] = &[
             "dense=FILE",
             "allow_partial",
             "views=f32,f16,bf16",
+            "hf_dtype=auto|f32|f16|bf16",
             "stop_timeout=SECS",
         ],
     ),
@@ -372,6 +376,11 @@ pub fn parse_with(args: &[String], sloppy: bool) -> Result<(MountOpts, Vec<Strin
             ("remote_deadline", Some(v)) => {
                 o.remote.remote_deadline = Some(checked(key, v, remote_cli::check_deadline)?)
             }
+            ("hf_dtype", Some(v)) => {
+                o.hf_dtype = Some(
+                    HfDtype::parse(v).map_err(|e| format!("mount option hf_dtype={v:?}: {e}"))?,
+                )
+            }
             ("views", Some(v)) => {
                 views = Some(v.to_string());
                 views_open = true;
@@ -517,6 +526,16 @@ mod tests {
         assert_eq!(o.views.map(|v| (v.f16, v.bf16)), Some((true, false)));
         assert_eq!(o.acl, SessionACL::All);
         assert_eq!(p(&[]).unwrap().views, None);
+        assert_eq!(
+            p(&["hf_dtype=bf16"]).unwrap().hf_dtype,
+            Some(HfDtype::Fixed(ElemFormat::Bf16))
+        );
+        assert_eq!(p(&["hf_dtype=auto"]).unwrap().hf_dtype, Some(HfDtype::Auto));
+        let e = p(&["hf_dtype=fp8"]).unwrap_err();
+        assert!(
+            e.contains("hf_dtype=\"fp8\"") && e.contains("auto, f32, f16, bf16"),
+            "{e}"
+        );
         // A format name not right after views= is not an option.
         assert!(p(&["views=f32,allow_other,f16"]).is_err());
         assert!(
@@ -654,6 +673,7 @@ mod tests {
         for key in [
             "threads=",
             "views=",
+            "hf_dtype=",
             "remote_deadline=",
             "nojobs",
             "    ro\n",

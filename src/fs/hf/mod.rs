@@ -41,6 +41,7 @@ use serde_json::{Map, Value, json};
 use self::pieces::Pieces;
 use super::files::{TensorFile, ViewFile, view_metadata};
 use super::inodes::{CONFIG_INO, GENERATION_CONFIG_INO, TOKENIZER_CONFIG_INO, TOKENIZER_INO};
+use super::precision::served_format;
 use super::views::{self, ElemFormat, ModelView, RowGroups, ViewTensor};
 use crate::arch::{self, Architecture, AttentionBias, HfParams, RopeLayout, TokenizerKind};
 use crate::backend::Backend;
@@ -103,9 +104,15 @@ struct HfTensor<'a> {
 }
 
 /// Build `hf/` for the served tensors `files` of `b`, with a safetensors
-/// view in each of `formats`.
-pub(super) fn build(b: &dyn Backend, files: &[TensorFile], formats: &[ElemFormat]) -> HfBuild {
-    match build_dir(b, files, formats) {
+/// view in each of `formats` (the one named F32, `hf/model.safetensors`,
+/// in `main`: [`served_format`], and so `config.json`'s dtype).
+pub(super) fn build(
+    b: &dyn Backend,
+    files: &[TensorFile],
+    formats: &[ElemFormat],
+    main: ElemFormat,
+) -> HfBuild {
+    match build_dir(b, files, formats, main) {
         Ok((dir, views)) => HfBuild {
             dir: Ok(dir),
             views,
@@ -131,6 +138,7 @@ fn build_dir(
     b: &dyn Backend,
     files: &[TensorFile],
     formats: &[ElemFormat],
+    main: ElemFormat,
 ) -> Result<(HfDir, Vec<ViewFile>), String> {
     let (md, _) = view_metadata(b);
     let (arch, p) = arch::hf_params(md)?;
@@ -267,7 +275,7 @@ fn build_dir(
         let layout = views::safetensors_with(
             &view_tensors,
             views::header_start(r#"{"format":"pt"}"#).into(),
-            fmt,
+            served_format(fmt, main),
         )
         .map_err(|e| e.to_string());
         views_out.push(ViewFile {
@@ -285,7 +293,15 @@ fn build_dir(
         HfFile::text(
             "config.json",
             CONFIG_INO,
-            pretty(&config_json(md, arch, &p, vocab, tied, !biases.is_empty())),
+            pretty(&config_json(
+                md,
+                arch,
+                &p,
+                vocab,
+                tied,
+                !biases.is_empty(),
+                main,
+            )),
         ),
         HfFile::text(
             "generation_config.json",
@@ -347,6 +363,7 @@ fn config_json(
     vocab: u64,
     tied: bool,
     biased: bool,
+    dtype: ElemFormat,
 ) -> Value {
     let extras = arch.config_extras(biased);
     let mut c = Map::new();
@@ -376,7 +393,10 @@ fn config_json(
     }
     c.insert("vocab_size".into(), json!(vocab));
     c.insert("tie_word_embeddings".into(), json!(tied));
-    c.insert("torch_dtype".into(), json!("float32"));
+    // What `hf/model.safetensors` holds: transformers' `dtype="auto"`
+    // loads in it (4.x reads `torch_dtype`; 5.x writes and reads `dtype`).
+    c.insert("torch_dtype".into(), json!(torch_dtype(dtype)));
+    c.insert("dtype".into(), json!(torch_dtype(dtype)));
     for what in ["bos", "eos", "pad"] {
         if let Some(id) = token_id(md, what) {
             c.insert(format!("{what}_token_id"), json!(id));
@@ -384,6 +404,15 @@ fn config_json(
     }
     c.insert("use_cache".into(), json!(true));
     Value::Object(c)
+}
+
+/// torch's name of an element format.
+fn torch_dtype(f: ElemFormat) -> &'static str {
+    match f {
+        ElemFormat::F32 => "float32",
+        ElemFormat::F16 => "float16",
+        ElemFormat::Bf16 => "bfloat16",
+    }
 }
 
 fn generation_config_json(md: &Metadata) -> Value {

@@ -103,13 +103,16 @@ impl ViewSet {
 /// The whole-model views.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelView {
+    /// `model.safetensors` (named F32) and `model.{f16,bf16}.safetensors`:
+    /// the format names the file; the unsuffixed one is served in the
+    /// mount's dtype (`fs::precision`; its layout's format is the truth).
     Safetensors(ElemFormat),
     Gguf,
     /// `model.native.gguf`: every tensor in its stored ggml type, its bytes
     /// the source's ([`native`]).
     NativeGguf,
     /// `hf/model.safetensors` (and its F16/BF16 forms): Hugging Face names
-    /// and row order ([`super::hf`]).
+    /// and row order ([`super::hf`]); named as `Safetensors` is.
     Hf(ElemFormat),
 }
 
@@ -170,7 +173,8 @@ impl ModelView {
         }
     }
 
-    /// The element type its tensors are in, as `ctl` and index.json say it.
+    /// The element type its name says (a built view's is its layout's:
+    /// `ViewFile::dtype`).
     pub fn dtype(self) -> &'static str {
         match self {
             ModelView::NativeGguf => "stored",
