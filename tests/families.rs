@@ -58,18 +58,18 @@ const FAMILIES: &[Family] = &[
     },
     Family {
         name: "mixtral",
-        hf: false,
-        safetensors: false,
+        hf: true,
+        safetensors: true,
     },
     Family {
         name: "qwen3_moe",
-        hf: false,
-        safetensors: false,
+        hf: true,
+        safetensors: true,
     },
     Family {
         name: "qwen3_moe_forced",
-        hf: false,
-        safetensors: false,
+        hf: true,
+        safetensors: true,
     },
 ];
 
@@ -303,7 +303,7 @@ fn forced_router_problems(family: &str, mount: &Path) -> Vec<String> {
     model
         .forward_recorded(&tokens, &mut cache, 0..1, Some(&mut rec))
         .unwrap();
-    let mut wrong = Vec::new();
+    let mut wrong = calibrated_router_problems(family, mount, &tokens, n_expert);
     for layer in 0..model.config.n_layer {
         let mut want = vec![(0, 0); n_expert];
         if let Some(w) = want.first_mut() {
@@ -317,6 +317,80 @@ fn forced_router_problems(family: &str, mount: &Path) -> Vec<String> {
                  ffn_in {:?}",
                 rec.ffn_in.get(layer)
             ));
+        }
+    }
+    wrong
+}
+
+/// `rknot calibrate` on the mount of a router forced to expert 0: expert
+/// 0's statistics are every token's (its ffn_in the layer's), the others'
+/// rows 0 and their statistics zeros.
+fn calibrated_router_problems(
+    family: &str,
+    mount: &Path,
+    tokens: &[u32],
+    n_expert: usize,
+) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let stats_path = dir.path().join("forced.stats");
+    let ids: Vec<String> = tokens.iter().map(u32::to_string).collect();
+    let o = Command::new(rknot_bin())
+        .arg("calibrate")
+        .arg(mount)
+        .args(["--tokens", &ids.join(","), "--gram", "-o"])
+        .arg(&stats_path)
+        .output()
+        .unwrap();
+    if !o.status.success() {
+        return vec![format!(
+            "{family}: rknot calibrate failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )];
+    }
+    let stats = match rknot::probe::calibrate::read_stats(&stats_path) {
+        Ok(s) => s,
+        Err(e) => return vec![format!("{family}: the STATS file: {e}")],
+    };
+    let mut wrong = Vec::new();
+    if stats.n_expert() != n_expert || stats.meta.get("version").map(String::as_str) != Some("2") {
+        wrong.push(format!(
+            "{family}: STATS of {} experts, version {:?}",
+            stats.n_expert(),
+            stats.meta.get("version")
+        ));
+    }
+    for (layer, experts) in stats.experts.iter().enumerate() {
+        let rows: Vec<u64> = experts.iter().map(|e| e.rows).collect();
+        let mut want = vec![0; n_expert];
+        want[0] = tokens.len() as u64;
+        if rows != want {
+            wrong.push(format!(
+                "{family}: STATS layer {layer}: expert rows {rows:?}, want {want:?}"
+            ));
+        }
+        let all = stats.site(layer, Site::FfnIn).map(|s| &s.mean_sq);
+        let mine = stats.expert_site(layer, 0, Site::FfnIn).map(|s| &s.mean_sq);
+        let same = all.zip(mine).is_some_and(|(a, m)| {
+            let a: Vec<f32> = a.iter().map(|&v| v as f32).collect();
+            let m: Vec<f32> = m.iter().map(|&v| v as f32).collect();
+            a.len() == m.len() && max_rel_diff(&m, &a) <= 1e-6
+        });
+        if !same {
+            wrong.push(format!(
+                "{family}: STATS layer {layer}: expert 0's ffn_in is not the layer's"
+            ));
+        }
+        for e in experts.iter().skip(1) {
+            let zero = e.sites.iter().all(|s| {
+                s.mean_sq.iter().all(|&v| v == 0.0)
+                    && s.gram.as_ref().is_some_and(|g| g.iter().all(|&v| v == 0.0))
+            });
+            if !zero {
+                wrong.push(format!(
+                    "{family}: STATS layer {layer}: an expert no token went to has non-zero \
+                     statistics"
+                ));
+            }
         }
     }
     wrong

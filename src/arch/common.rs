@@ -26,6 +26,11 @@ pub enum Role {
     FfnDown,
     /// The router of a mixture-of-experts layer (`ffn_gate_inp`).
     Router,
+    /// A mixture-of-experts layer's experts, 3-D `[n_expert, d_out, d_in]`
+    /// (`ffn_{gate,up,down}_exps`).
+    ExpertsGate,
+    ExpertsUp,
+    ExpertsDown,
 }
 
 /// The Hugging Face name of a GGUF tensor of a llama-like model
@@ -128,6 +133,8 @@ pub struct HfParams {
     pub theta: f64,
     /// Linear rope scaling factor.
     pub linear_scale: Option<f64>,
+    /// The experts of a mixture-of-experts model.
+    pub moe: Option<super::MoeParams>,
 }
 
 fn key_u64(md: &Metadata, arch: &str, k: &str) -> Result<u64, String> {
@@ -135,8 +142,9 @@ fn key_u64(md: &Metadata, arch: &str, k: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("the model metadata lacks {arch}.{k} (an unsigned integer)"))
 }
 
-/// The family of `md` and its hyper-parameters as Hugging Face's config
-/// expresses them, or why they cannot be.
+/// The family of `md` (its mixture-of-experts form when it has experts:
+/// [`Architecture::with_experts`]) and its hyper-parameters as Hugging
+/// Face's config expresses them, or why they cannot be.
 pub fn hf_params(md: &Metadata) -> Result<(&'static dyn Architecture, HfParams), String> {
     let name = md
         .architecture()
@@ -147,6 +155,11 @@ pub fn hf_params(md: &Metadata) -> Result<(&'static dyn Architecture, HfParams),
             super::supported_list(false)
         )
     })?;
+    let moe = super::moe::moe_params(md)?;
+    let arch = match moe {
+        Some(_) => arch.with_experts(),
+        None => arch,
+    };
     let hidden = key_u64(md, name, "embedding_length")?;
     let heads = key_u64(md, name, "attention.head_count")?;
     let kv_heads = md.arch_u64("attention.head_count_kv").unwrap_or(heads);
@@ -205,6 +218,7 @@ pub fn hf_params(md: &Metadata) -> Result<(&'static dyn Architecture, HfParams),
             eps,
             theta,
             linear_scale,
+            moe,
         },
     ))
 }

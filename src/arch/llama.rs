@@ -36,6 +36,10 @@ impl Architecture for Llama {
         llama_like_hf_name(gguf)
     }
 
+    fn with_experts(&self) -> &'static dyn Architecture {
+        &super::mixtral::Mixtral
+    }
+
     fn hf_layer_weights(&self) -> &'static [&'static str] {
         LLAMA_LIKE_LAYER_WEIGHTS
     }

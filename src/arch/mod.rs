@@ -17,6 +17,7 @@
 pub mod common;
 pub mod hf_import;
 pub mod llama;
+pub mod mixtral;
 pub mod moe;
 pub mod qwen2;
 pub mod qwen3;
@@ -26,10 +27,15 @@ pub mod rows;
 use std::fmt::Debug;
 
 pub use common::{HfParams, Role, hf_params};
+pub use moe::moe_params;
 
 /// Every family this crate understands, by `general.architecture`.
+/// Two entries may share a `general.architecture` (llama.cpp stores
+/// Mixtral as llama with experts): [`lookup`] finds the first, and
+/// [`Architecture::with_experts`] the other.
 pub static FAMILIES: &[&dyn Architecture] = &[
     &llama::Llama,
+    &mixtral::Mixtral,
     &qwen2::Qwen2,
     &qwen3::Qwen3,
     &qwen3moe::Qwen3Moe,
@@ -51,13 +57,15 @@ pub fn lookup_hf(model_type: &str) -> Option<&'static dyn Architecture> {
 /// The supported `general.architecture` values, for messages:
 /// `"llama", "qwen2", "qwen3" and "qwen3moe"`.
 pub fn supported_list(quoted: bool) -> String {
-    let names: Vec<String> = FAMILIES
+    let mut names: Vec<String> = FAMILIES
         .iter()
         .map(|a| match quoted {
             true => format!("{:?}", a.name()),
             false => a.name().to_string(),
         })
         .collect();
+    // Mixtral is llama's name twice.
+    names.dedup();
     match names.split_last() {
         None => String::new(),
         Some((last, [])) => last.clone(),
@@ -93,6 +101,36 @@ pub enum TokenizerKind {
     /// Byte-level BPE in `tokenizer.ggml.*` (model `gpt2`), its split
     /// regex chosen by `tokenizer.ggml.pre`.
     ByteLevelBpe,
+}
+
+/// Where a GGUF tensor goes in a Hugging Face checkpoint: a tensor of
+/// its own, or a part of one that transformers keeps fused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfPlace {
+    pub name: String,
+    pub role: Role,
+    pub fused: Option<Fused>,
+}
+
+/// Part `index` of `of` GGUF tensors that, concatenated along dimension
+/// `dim` (outer-first, the dimensions before it alike in every part), make
+/// one Hugging Face tensor (transformers' `Concatenate(dim)`: a
+/// mixture-of-experts layer's `gate_up_proj` is, per expert, the gate's
+/// rows then the up's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fused {
+    pub index: usize,
+    pub of: usize,
+    pub dim: usize,
+}
+
+/// What a mixture-of-experts model's config.json says of its experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeParams {
+    pub n_expert: u64,
+    pub n_used: u64,
+    /// Rows of each expert's gate and up.
+    pub expert_ff: u64,
 }
 
 /// What a family adds to `config.json` beyond the fields every family
@@ -141,6 +179,38 @@ pub trait Architecture: Debug + Send + Sync {
     /// overrides it.
     fn gguf_name(&self, hf: &str) -> Option<(String, Role)> {
         common::llama_like_gguf_name(hf)
+    }
+
+    /// Where the GGUF tensor `gguf` goes in a Hugging Face checkpoint as
+    /// transformers loads it, None when the family has no such tensor. The
+    /// default: a tensor of its own, named by [`Self::hf_name`].
+    fn hf_place(&self, gguf: &str) -> Option<HfPlace> {
+        self.hf_name(gguf).map(|(name, role)| HfPlace {
+            name,
+            role,
+            fused: None,
+        })
+    }
+
+    /// The family to render a model of this `general.architecture` as
+    /// when it has experts (`{arch}.expert_count` > 0): itself, or another
+    /// Hugging Face family (llama with experts is Mixtral).
+    fn with_experts(&self) -> &'static dyn Architecture;
+
+    /// The config.json fields of a model with experts `m` (the family's
+    /// mixture-of-experts form), after [`Self::config_extras`]'s.
+    fn config_moe_fields(&self, m: &MoeParams) -> Vec<(&'static str, serde_json::Value)> {
+        let _ = m;
+        Vec::new()
+    }
+
+    /// The GGUF 3-D expert tensor a checkpoint's per-expert tensor is a
+    /// slab of (`model.layers.N.mlp.experts.E.gate_proj.weight` is slab E
+    /// of `blk.N.ffn_gate_exps.weight`), its expert and role; None: not a
+    /// per-expert tensor of this family.
+    fn gguf_expert(&self, hf: &str) -> Option<(String, u64, Role)> {
+        let _ = hf;
+        None
     }
 
     /// The weights every layer has, by their Hugging Face names after

@@ -34,6 +34,10 @@ impl Architecture for Qwen2 {
         llama_like_hf_name(gguf)
     }
 
+    fn with_experts(&self) -> &'static dyn Architecture {
+        &Qwen2
+    }
+
     fn hf_layer_weights(&self) -> &'static [&'static str] {
         LLAMA_LIKE_LAYER_WEIGHTS
     }

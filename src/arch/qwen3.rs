@@ -12,7 +12,7 @@ use super::{Architecture, AttentionBias, Block, ConfigExtras, RopeLayout};
 pub struct Qwen3;
 
 /// The weights every qwen3 layer has (after `model.layers.N.`).
-const LAYER_WEIGHTS: &[&str] = &[
+pub(super) const LAYER_WEIGHTS: [&str; 11] = [
     "input_layernorm.weight",
     "post_attention_layernorm.weight",
     "self_attn.q_proj.weight",
@@ -86,8 +86,12 @@ impl Architecture for Qwen3 {
         llama_like_gguf_name(hf)
     }
 
+    fn with_experts(&self) -> &'static dyn Architecture {
+        &Qwen3
+    }
+
     fn hf_layer_weights(&self) -> &'static [&'static str] {
-        LAYER_WEIGHTS
+        &LAYER_WEIGHTS
     }
 
     fn config_extras(&self, _biased: bool) -> ConfigExtras {

@@ -29,6 +29,37 @@ struct Extent {
     /// The served rows in GGUF order, stored in Hugging Face order
     /// (llama's Q and K from a safetensors checkpoint).
     rows: Option<RowGroups>,
+    /// A tensor stacked from equal slabs stored apart, outermost
+    /// dimension first: slab k (file, absolute offset) holds elements
+    /// `[k n / slabs, (k + 1) n / slabs)` (a checkpoint's per-expert
+    /// tensors served as one 3-D expert tensor). Empty: one extent at
+    /// `file`/`offset`.
+    slabs: Vec<(usize, u64)>,
+}
+
+impl Extent {
+    /// The (file, offset, first element, elements) of the stored pieces
+    /// that elements `[first, end)` of the tensor (of `n` elements) lie
+    /// in, with the first element relative to its piece.
+    fn pieces(&self, n: u64, first: u64, end: u64) -> Vec<(usize, u64, u64, u64)> {
+        if self.slabs.is_empty() {
+            return vec![(self.file, self.offset, first, end - first)];
+        }
+        // set_slabs checked that the slabs divide the tensor.
+        let per = n / self.slabs.len() as u64;
+        let mut out = Vec::new();
+        let mut at = first;
+        while at < end {
+            let k = at / per;
+            let Some(&(file, offset)) = self.slabs.get(k as usize) else {
+                break;
+            };
+            let stop = end.min((k + 1) * per);
+            out.push((file, offset, at - k * per, stop - at));
+            at = stop;
+        }
+        out
+    }
 }
 
 pub struct DenseBackend {
@@ -163,6 +194,7 @@ impl DenseBackend {
                 offset: t.offset,
                 sums: t.sums,
                 rows: None,
+                slabs: Vec::new(),
             });
         }
         Ok(DenseBackend {
@@ -184,6 +216,13 @@ impl DenseBackend {
         let (Some(info), Some(ext)) = (self.table.info(index), self.extents.get_mut(index)) else {
             return Err(super::no_such_index(index));
         };
+        if !ext.slabs.is_empty() {
+            return Err(err(
+                ErrorKind::BadShape,
+                "a tensor stacked from slabs cannot have its rows permuted too",
+            )
+            .tensor(&info.name.dot));
+        }
         let fits = rows.row_elems > 0
             && rows.row_elems.is_multiple_of(ext.ty.block_elems())
             && rows.tiles(info.n_elements);
@@ -200,6 +239,38 @@ impl DenseBackend {
             .path(&self.summary.path));
         }
         ext.rows = Some(rows);
+        Ok(())
+    }
+
+    /// Serve tensor `index` as equal slabs stored apart, outermost
+    /// dimension first (see [`Extent`]): `slabs[k]` is the file and
+    /// absolute offset of slab k, each the tensor's stored type, its
+    /// elements a whole number of blocks (a reader that stacks a
+    /// checkpoint's per-expert tensors, each checked against its file).
+    pub(crate) fn set_slabs(&mut self, index: usize, slabs: Vec<(usize, u64)>) -> Result<()> {
+        let n_files = self.files.len();
+        let (Some(info), Some(ext)) = (self.table.info(index), self.extents.get_mut(index)) else {
+            return Err(super::no_such_index(index));
+        };
+        let k = slabs.len() as u64;
+        let fits = k > 0
+            && ext.rows.is_none()
+            && info.n_elements.is_multiple_of(k)
+            && info.stored_bytes.is_multiple_of(k)
+            && (info.n_elements / k).is_multiple_of(ext.ty.block_elems())
+            && slabs.iter().all(|&(f, _)| f < n_files);
+        if !fits {
+            return Err(err(
+                ErrorKind::BadShape,
+                format!(
+                    "{k} slabs do not stack into the tensor's {} elements (shape {:?})",
+                    info.n_elements, info.shape
+                ),
+            )
+            .tensor(&info.name.dot)
+            .path(&self.summary.path));
+        }
+        ext.slabs = slabs;
         Ok(())
     }
 
@@ -278,6 +349,30 @@ impl DenseBackend {
         let read = |rel, buf: &mut [u8]| {
             read_stored_bytes(src, ext.offset, ext.sums.as_ref(), rel, buf, &info.name.dot)
         };
+        if !ext.slabs.is_empty() {
+            // Slabs are whole blocks (set_slabs): equal byte ranges.
+            let per = info.stored_bytes / ext.slabs.len() as u64;
+            let mut at = 0usize;
+            let end = offset + buf.len() as u64;
+            let mut pos = offset;
+            while pos < end {
+                let k = (pos / per) as usize;
+                let Some(&(file, base)) = ext.slabs.get(k) else {
+                    break;
+                };
+                let stop = end.min((k as u64 + 1) * per);
+                let n = (stop - pos) as usize;
+                let src = self
+                    .files
+                    .get(file)
+                    .ok_or_else(|| super::no_such_index(index))?;
+                let rel = pos - k as u64 * per;
+                read_stored_bytes(src, base, None, rel, &mut buf[at..at + n], &info.name.dot)?;
+                at += n;
+                pos = stop;
+            }
+            return Ok(());
+        }
         let Some(rows) = ext.rows else {
             return read(offset, buf);
         };
@@ -420,6 +515,17 @@ impl Backend for DenseBackend {
 
     fn stored_ranges(&self, index: usize) -> Option<super::StoredRanges<'_>> {
         let (info, ext) = (self.table.info(index)?, self.extents.get(index)?);
+        if let Some(&(first, _)) = ext.slabs.first() {
+            // Ranges of one file only: slabs in several shards have none.
+            if ext.slabs.iter().any(|&(f, _)| f != first) {
+                return None;
+            }
+            let per = info.stored_bytes / ext.slabs.len() as u64;
+            return Some(super::StoredRanges::merged(
+                self.files.get(first)?,
+                ext.slabs.iter().map(|&(_, o)| (o, per)),
+            ));
+        }
         Some(super::StoredRanges::one(
             self.files.get(ext.file)?,
             ext.offset,
@@ -433,6 +539,20 @@ impl Backend for DenseBackend {
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         let (info, ext) = entry_for_read(&self.table, &self.extents, index, first_elem, out.len())?;
+        if !ext.slabs.is_empty() {
+            let end = first_elem + out.len() as u64;
+            let mut at = 0usize;
+            for (file, offset, first, n) in ext.pieces(info.n_elements, first_elem, end) {
+                let src = self
+                    .files
+                    .get(file)
+                    .ok_or_else(|| super::no_such_index(index))?;
+                let part = &mut out[at..at + n as usize];
+                read_ggml_f32(src, info, (ext.ty, offset, None), first, part)?;
+                at += n as usize;
+            }
+            return Ok(());
+        }
         let src = self.file_of(ext)?;
         let stored = (ext.ty, ext.offset, ext.sums.as_ref());
         let Some(rows) = ext.rows else {

@@ -6,6 +6,13 @@
 //! rows in the checkpoint's order) for the mount's and `rknot cat`'s
 //! HF-named files; the model's GGUF-style metadata from `config.json` and the
 //! tokenizer files (`arch::hf_import`).
+//!
+//! A mixture-of-experts checkpoint stores each expert's weights apart
+//! (`model.layers.N.mlp.experts.E.gate_proj.weight`, Mixtral's
+//! `block_sparse_moe.experts.E.w1.weight`); they are served stacked, as
+//! the GGUF's 3-D `blk.N.ffn_gate_exps.weight` `[n_expert, d_out, d_in]`
+//! whose slab E is expert E's tensor read where the checkpoint stores it
+//! ([`DenseBackend::set_slabs`]): nothing is copied.
 
 use super::dense::{DenseBackend, StoredTensor};
 use super::{Backend, Role, SourceSummary};
@@ -22,6 +29,22 @@ fn bytes(f: &Option<SideFile>) -> Option<&[u8]> {
     f.as_ref().map(|f| f.bytes.as_slice())
 }
 use crate::quant::GgmlType;
+
+/// The most experts a stacked tensor takes (as the probe's bound).
+const MAX_EXPERTS: u64 = 4096;
+
+/// One expert's tensor of a stacked expert tensor.
+struct Slab {
+    name: String,
+    file: usize,
+    shape: Vec<u64>,
+    n: u64,
+    ty: GgmlType,
+    bytes: u64,
+    offset: u64,
+    why: Option<String>,
+    header_at: u64,
+}
 
 /// What the backend learnt from `config.json`.
 struct Model {
@@ -82,6 +105,10 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
     // Per tensor served under a GGUF name: its Hugging Face name.
     let mut hf_names: Vec<Option<String>> = Vec::with_capacity(total);
     let mut unmapped = 0usize;
+    // Per stacked expert tensor (GGUF name): its index in the vectors
+    // above (where its first expert was found) and its experts' tensors.
+    let mut stacks: std::collections::HashMap<String, (usize, Vec<Option<Slab>>)> =
+        Default::default();
     for (file, (_, h)) in shards.iter().enumerate() {
         for t in &h.tensors {
             let n = t.n_elements().unwrap_or(0);
@@ -97,6 +124,44 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
             } else {
                 t.shape.clone()
             };
+            if let Some((gguf, expert, _)) = model.arch.and_then(|a| a.gguf_expert(&t.name)) {
+                if expert >= MAX_EXPERTS {
+                    return Err(err(
+                        ErrorKind::TooLarge,
+                        format!("expert {expert}: more than {MAX_EXPERTS} experts"),
+                    )
+                    .tensor(&t.name)
+                    .path(&path));
+                }
+                let (_, slabs) = stacks.entry(gguf.clone()).or_insert_with(|| {
+                    names.push(gguf);
+                    hf_names.push(None);
+                    amend.push((None, None));
+                    stored.push((file, Vec::new(), 0, ty, 0, 0));
+                    (names.len() - 1, Vec::new())
+                });
+                let e = expert as usize;
+                if slabs.len() <= e {
+                    slabs.resize_with(e + 1, || None);
+                }
+                if slabs[e].is_some() {
+                    return Err(err(ErrorKind::BadName, "a second tensor of this expert")
+                        .tensor(&t.name)
+                        .path(&path));
+                }
+                slabs[e] = Some(Slab {
+                    name: t.name.clone(),
+                    file,
+                    shape,
+                    n,
+                    ty,
+                    bytes: t.end - t.begin,
+                    offset: h.data_start + t.begin,
+                    why,
+                    header_at: t.header_at,
+                });
+                continue;
+            }
             let (name, rows, hf) = match model.arch.map(|a| (a, a.gguf_name(&t.name))) {
                 Some((a, Some((gguf, r)))) => {
                     let rows = row_groups(a, r, &model, &shape, n).map_err(|m| {
@@ -118,6 +183,24 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
             amend.push((rows, why));
             stored.push((file, shape, n, ty, t.end - t.begin, h.data_start + t.begin));
         }
+    }
+    let mut stacked: Vec<(usize, Vec<(usize, u64)>)> = Vec::with_capacity(stacks.len());
+    for (gguf, (at, slabs)) in stacks {
+        let (shape, n, bytes, offsets) =
+            stack(&gguf, &slabs, &model.metadata).map_err(|e| e.path(&path))?;
+        let first = slabs.first().and_then(Option::as_ref);
+        let why = slabs.iter().flatten().find_map(|s| s.why.clone());
+        if let Some(s) = first {
+            stored[at] = (s.file, shape, n, s.ty, bytes, s.offset);
+        }
+        amend[at] = (None, why);
+        stacked.push((at, offsets));
+    }
+    if !stacked.is_empty() {
+        notes.push(format!(
+            "{} expert tensors stacked from the checkpoint's per-expert tensors",
+            stacked.len()
+        ));
     }
     match model.arch {
         Some(a) => {
@@ -170,6 +253,9 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
         },
     );
     let mut b = DenseBackend::build(files, summary, role, tensors)?;
+    for (i, slabs) in stacked {
+        b.set_slabs(i, slabs)?;
+    }
     for (i, ((rows, why), hf)) in amend.into_iter().zip(hf_names).enumerate() {
         if let Some(r) = rows {
             b.set_row_groups(i, r)?;
@@ -182,6 +268,62 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
         }
     }
     Ok(b)
+}
+
+/// The stacked tensor `gguf` of the experts' tensors `slabs` (expert E
+/// at E): its shape `[n_expert, ...]`, elements, stored bytes and each
+/// slab's (file, offset); an error naming the expert tensor that is
+/// missing or unlike expert 0, or an expert count unlike
+/// `{arch}.expert_count`.
+fn stack(
+    gguf: &str,
+    slabs: &[Option<Slab>],
+    md: &Metadata,
+) -> Result<(Vec<u64>, u64, u64, Vec<(usize, u64)>)> {
+    let k = slabs.len() as u64;
+    if let Some(want) = md.arch_u64("expert_count")
+        && want != k
+    {
+        return Err(err(
+            ErrorKind::BadShape,
+            format!("the checkpoint has experts 0..{k} of it, config.json {want} experts"),
+        )
+        .tensor(gguf));
+    }
+    let Some(Some(first)) = slabs.first() else {
+        return Err(err(ErrorKind::NotFound, "expert 0's tensor is missing").tensor(gguf));
+    };
+    let mut offsets = Vec::with_capacity(slabs.len());
+    for (e, s) in slabs.iter().enumerate() {
+        let Some(s) = s else {
+            return Err(err(
+                ErrorKind::NotFound,
+                format!(
+                    "expert {e}'s tensor is missing (the checkpoint has experts up to {})",
+                    k - 1
+                ),
+            )
+            .tensor(gguf));
+        };
+        if s.shape != first.shape || s.ty != first.ty || s.bytes != first.bytes {
+            return Err(err(
+                ErrorKind::BadShape,
+                format!(
+                    "{} is {:?} {:?}, expert 0's {} {:?} {:?}: the experts do not stack",
+                    s.name, s.shape, s.ty, first.name, first.shape, first.ty
+                ),
+            )
+            .tensor(gguf)
+            .at(s.header_at));
+        }
+        offsets.push((s.file, s.offset));
+    }
+    let overflow = || err(ErrorKind::TooLarge, "the stacked tensor's size overflows").tensor(gguf);
+    let n = first.n.checked_mul(k).ok_or_else(overflow)?;
+    let bytes = first.bytes.checked_mul(k).ok_or_else(overflow)?;
+    let mut shape = vec![k];
+    shape.extend_from_slice(&first.shape);
+    Ok((shape, n, bytes, offsets))
 }
 
 /// A checkpoint tensor's Hugging Face name, beside the GGUF name it is

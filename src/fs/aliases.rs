@@ -86,6 +86,7 @@ impl Aliases {
                         start: 0,
                         len,
                         file: f,
+                        elem0: 0,
                         rows: Some(rows),
                     };
                     match Layout::new(Vec::new(), fmt, vec![seg], len) {

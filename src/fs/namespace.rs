@@ -212,6 +212,7 @@ fn view_tensors<'a>(entries: &'a [TensorInfo], files: &[TensorFile]) -> Vec<View
                 shape: &t.shape,
                 n_elements: t.n_elements,
                 rows: None,
+                runs: &[],
             }
         })
         .collect()

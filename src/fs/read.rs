@@ -267,12 +267,7 @@ impl TensorFs {
         let read = self.shared.begin_read(order, fmt.bytes(), range);
         let data = self.tensor_range(&read, f, fmt, offset, end, small)?;
         drop(read);
-        let whole = [views::Segment {
-            start: 0,
-            len,
-            file: f,
-            rows: None,
-        }];
+        let whole = [views::Segment::whole(0, len, f)];
         self.after_read(fh, offset, end, &whole, fmt);
         Ok(data)
     }
@@ -532,12 +527,14 @@ mod tests {
                 start: 100,
                 len: 32,
                 file: 3,
+                elem0: 0,
                 rows: None,
             },
             Segment {
                 start: 140,
                 len: 16,
                 file: 5,
+                elem0: 0,
                 rows: None,
             },
         ];

@@ -32,6 +32,24 @@
 //! (the normed x feeding ffn_gate/up) and `ffn_down_in` (the SwiGLU
 //! output feeding ffn_down). [`read_stats`] reads and checks such a file.
 //!
+//! ## Mixture-of-experts models (version 2)
+//!
+//! A model with experts writes `version` = `2` and `experts` (the count
+//! per layer) in `__metadata__`. Its layers have no `ffn_down_in` (each
+//! expert's down has its own input); `ffn_in` is every token's (the
+//! router's input). Each expert E of layer L has its own sites, over only
+//! the rows routed to it:
+//! - `blk.L.expert.E.ffn_in.mean_sq` / `.gram` (the rows expert E's slab
+//!   of ffn_gate_exps/ffn_up_exps multiplies) and
+//!   `blk.L.expert.E.ffn_down_in.mean_sq` / `.gram` (its SwiGLU output,
+//!   which its slab of ffn_down_exps multiplies), as above but divided by
+//!   that expert's row count (all zeros when no row was routed to it);
+//! - `blk.L.expert.E.rows`: U64 `[1]`, the rows routed to it.
+//!
+//! Each token goes to `expert_used_count` experts, so a layer's rows sum
+//! to that many times `tokens`. A dense model's file is version 1 as
+//! before; this rknot reads both.
+//!
 //! # Windows
 //!
 //! The token stream is cut into consecutive windows, each run in a fresh
@@ -60,8 +78,13 @@ use crate::source::SourceVersion;
 
 /// `__metadata__.format` of a STATS file.
 pub const FORMAT_NAME: &str = "rknot-calibration";
-/// `__metadata__.version` this code writes and reads.
+/// `__metadata__.version` this code writes for a dense model (and reads).
 pub const FORMAT_VERSION: u32 = 1;
+/// `__metadata__.version` of a model with experts (per-expert sites).
+pub const FORMAT_VERSION_EXPERTS: u32 = 2;
+
+/// The sites of each expert, in file order.
+pub const EXPERT_SITES: [Site; 2] = [Site::FfnIn, Site::FfnDownIn];
 
 /// Running sums of one site.
 #[derive(Default)]
@@ -80,6 +103,11 @@ struct SiteSums {
 pub struct StatsRecorder {
     gram: bool,
     layers: Vec<[SiteSums; 4]>,
+    /// Per layer, per expert, the sums of [`EXPERT_SITES`] (no layers: a
+    /// dense model).
+    experts: Vec<Vec<[SiteSums; 2]>>,
+    /// Experts each token goes to (0: a dense model).
+    n_used: usize,
     /// The first inconsistency seen (a recorder cannot fail mid-pass).
     fault: Option<String>,
 }
@@ -89,6 +117,8 @@ impl StatsRecorder {
         StatsRecorder {
             gram,
             layers: (0..n_layer).map(|_| Default::default()).collect(),
+            experts: Vec::new(),
+            n_used: 0,
             fault: None,
         }
     }
@@ -98,26 +128,24 @@ impl StatsRecorder {
     /// rather than an abort mid-pass (f64 sums: 8 d² bytes per input;
     /// SmolLM2 0.8 GB, a 7B model about 44 GB).
     pub fn for_model(cfg: &Config, gram: bool) -> Result<StatsRecorder> {
-        if let Some(m) = &cfg.moe {
-            // The forward pass shows each expert its own rows
-            // (ActivationRecorder::record_expert); the STATS file has no
-            // per-expert sites yet.
-            return Err(err(
-                ErrorKind::UnsupportedType,
-                format!(
-                    "{}: calibration statistics of a mixture of {} experts are not written yet                      (STATS has no per-expert sites)",
-                    cfg.arch.name(),
-                    m.n_expert
-                ),
-            ));
-        }
         let mut r = StatsRecorder::new(cfg.n_layer, gram);
-        let widths = [cfg.d_model, cfg.q_dim(), cfg.d_model, cfg.d_ff];
+        // A layer with experts has no one ffn_down_in (width 0: not a
+        // site); each expert has its ffn_in and ffn_down_in.
+        let (n_expert, expert_widths) = match &cfg.moe {
+            Some(m) => (m.n_expert, [cfg.d_model, m.d_ff]),
+            None => (0, [0, 0]),
+        };
+        let down_width = if cfg.moe.is_some() { 0 } else { cfg.d_ff };
+        let widths = [cfg.d_model, cfg.q_dim(), cfg.d_model, down_width];
         // f64 per layer; None when even the count overflows.
-        let total = widths.iter().try_fold(0usize, |acc, &d| {
-            let g = if gram { d.checked_mul(d)? } else { 0 };
-            acc.checked_add(d)?.checked_add(g)
-        });
+        let sums = |ws: &[usize]| {
+            ws.iter().try_fold(0usize, |acc, &d| {
+                let g = if gram { d.checked_mul(d)? } else { 0 };
+                acc.checked_add(d)?.checked_add(g)
+            })
+        };
+        let total =
+            sums(&widths).and_then(|t| sums(&expert_widths)?.checked_mul(n_expert)?.checked_add(t));
         let too_large = || {
             err(
                 ErrorKind::TooLarge,
@@ -141,12 +169,29 @@ impl StatsRecorder {
         if !bytes.is_some_and(super::model::fits_in_memory) {
             return Err(too_large());
         }
+        let alloc = |s: &mut SiteSums, d: usize| -> Result<()> {
+            s.d = d;
+            s.sum_sq = zeros_f64(d).ok_or_else(too_large)?;
+            if gram {
+                s.gram = d.checked_mul(d).and_then(zeros_f64).ok_or_else(too_large)?;
+            }
+            Ok(())
+        };
         for layer in &mut r.layers {
             for (s, &d) in layer.iter_mut().zip(&widths) {
-                s.d = d;
-                s.sum_sq = zeros_f64(d).ok_or_else(too_large)?;
-                if gram {
-                    s.gram = d.checked_mul(d).and_then(zeros_f64).ok_or_else(too_large)?;
+                alloc(s, d)?;
+            }
+        }
+        if let Some(m) = &cfg.moe {
+            r.n_used = m.n_used;
+            r.experts = (0..cfg.n_layer)
+                .map(|_| (0..m.n_expert).map(|_| Default::default()).collect())
+                .collect();
+            for layer in &mut r.experts {
+                for e in layer.iter_mut() {
+                    for (s, &d) in e.iter_mut().zip(&expert_widths) {
+                        alloc(s, d)?;
+                    }
                 }
             }
         }
@@ -158,40 +203,122 @@ impl StatsRecorder {
         if let Some(f) = self.fault {
             return Err(err(ErrorKind::BadShape, format!("internal: {f}")));
         }
+        let internal = |msg: String| err(ErrorKind::BadValue, format!("internal: {msg}"));
         let tokens = self.layers.first().map_or(0, |l| l[0].rows);
+        let gram = self.gram;
         let mut layers = Vec::with_capacity(self.layers.len());
         for (li, sums) in self.layers.into_iter().enumerate() {
             let mut sites = Vec::with_capacity(4);
             for (site, s) in Site::ALL.into_iter().zip(sums) {
-                if s.rows != tokens || s.rows == 0 {
-                    return Err(err(
-                        ErrorKind::BadValue,
-                        format!(
-                            "internal: blk.{li}.{} saw {} rows, the first site {tokens}",
-                            site.name(),
-                            s.rows
-                        ),
-                    ));
+                // A layer with experts has no ffn_down_in of its own.
+                if s.d == 0 && s.rows == 0 && !self.experts.is_empty() && site == Site::FfnDownIn {
+                    continue;
                 }
-                let inv = 1.0 / s.rows as f64;
-                sites.push(SiteStats {
-                    site,
-                    d: s.d,
-                    mean_sq: s.sum_sq.iter().map(|v| v * inv).collect(),
-                    gram: self
-                        .gram
-                        .then(|| s.gram.iter().map(|v| (v * inv) as f32).collect()),
-                });
+                if s.rows != tokens || s.rows == 0 {
+                    return Err(internal(format!(
+                        "blk.{li}.{} saw {} rows, the first site {tokens}",
+                        site.name(),
+                        s.rows
+                    )));
+                }
+                sites.push(s.stats(site, gram));
             }
             layers.push(sites);
         }
+        let mut experts = Vec::with_capacity(self.experts.len());
+        for (li, layer) in self.experts.into_iter().enumerate() {
+            let routed: u64 = layer.iter().map(|e| e[0].rows).sum();
+            if routed != tokens * self.n_used as u64 {
+                return Err(internal(format!(
+                    "layer {li}'s experts saw {routed} rows, {} tokens × {} experts each",
+                    tokens, self.n_used
+                )));
+            }
+            let mut out = Vec::with_capacity(layer.len());
+            for (e, sums) in layer.into_iter().enumerate() {
+                let rows = sums[0].rows;
+                if sums[1].rows != rows {
+                    return Err(internal(format!(
+                        "blk.{li}.expert.{e}: ffn_in saw {rows} rows, ffn_down_in {}",
+                        sums[1].rows
+                    )));
+                }
+                let sites = EXPERT_SITES
+                    .into_iter()
+                    .zip(sums)
+                    .map(|(site, s)| s.stats(site, gram))
+                    .collect();
+                out.push(ExpertStats { rows, sites });
+            }
+            experts.push(out);
+        }
         meta.insert("tokens".into(), tokens.to_string());
-        meta.insert("gram".into(), self.gram.to_string());
+        meta.insert("gram".into(), gram.to_string());
         Ok(CalibrationStats {
             meta,
             tokens,
             layers,
+            experts,
         })
+    }
+}
+
+impl SiteSums {
+    /// The means over the rows seen (zeros when none were).
+    fn stats(self, site: Site, gram: bool) -> SiteStats {
+        let inv = if self.rows == 0 {
+            0.0
+        } else {
+            1.0 / self.rows as f64
+        };
+        SiteStats {
+            site,
+            d: self.d,
+            mean_sq: self.sum_sq.iter().map(|v| v * inv).collect(),
+            gram: gram.then(|| self.gram.iter().map(|v| (v * inv) as f32).collect()),
+        }
+    }
+
+    /// Add the `n` rows `x` (`n × d`); an error (the recorder's fault)
+    /// when they are not `d` wide.
+    fn add(&mut self, gram: bool, x: &[f32], n: usize) -> std::result::Result<(), String> {
+        let d = x.len() / n;
+        if self.d == 0 {
+            self.d = d;
+            self.sum_sq = vec![0.0; d];
+            if gram {
+                self.gram = vec![0.0; d * d];
+            }
+        }
+        if d != self.d || d * n != x.len() {
+            return Err(format!(
+                "{} floats in {n} rows, {} wide before",
+                x.len(),
+                self.d
+            ));
+        }
+        for row in x.chunks_exact(d) {
+            for (acc, &v) in self.sum_sq.iter_mut().zip(row) {
+                *acc += f64::from(v) * f64::from(v);
+            }
+        }
+        if gram {
+            // XᵀX as (Xᵀ)(Xᵀ)ᵀ on the probe's parallel SGEMM: the rows of
+            // one window in f32, the windows summed in f64.
+            self.xt.resize(d * n, 0.0);
+            for (r, row) in x.chunks_exact(d).enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    self.xt[c * n + r] = v;
+                }
+            }
+            self.g32.resize(d * d, 0.0);
+            matmul_t(&self.xt, d, &self.xt, d, n, &mut self.g32);
+            for (acc, &v) in self.gram.iter_mut().zip(&self.g32) {
+                *acc += f64::from(v);
+            }
+        }
+        self.rows += n as u64;
+        Ok(())
     }
 }
 
@@ -204,44 +331,35 @@ impl ActivationRecorder for StatsRecorder {
             self.fault = Some(format!("layer {layer} recorded, the model has fewer"));
             return;
         };
-        let d = x.len() / n;
-        if s.d == 0 {
-            s.d = d;
-            s.sum_sq = vec![0.0; d];
-            if self.gram {
-                s.gram = vec![0.0; d * d];
-            }
+        if let Err(why) = s.add(self.gram, x, n) {
+            self.fault = Some(format!("blk.{layer}.{}: {why}", site.name()));
         }
-        if d != s.d || d * n != x.len() {
-            self.fault = Some(format!(
-                "blk.{layer}.{}: {} floats in {n} rows, {} wide before",
-                site.name(),
-                x.len(),
-                s.d
-            ));
+    }
+
+    fn record_expert(&mut self, layer: usize, expert: usize, site: Site, x: &[f32], n: usize) {
+        if n == 0 || self.fault.is_some() {
             return;
         }
-        for row in x.chunks_exact(d) {
-            for (acc, &v) in s.sum_sq.iter_mut().zip(row) {
-                *acc += f64::from(v) * f64::from(v);
-            }
+        let k = EXPERT_SITES.iter().position(|s| *s == site);
+        let Some(s) = self
+            .experts
+            .get_mut(layer)
+            .and_then(|l| l.get_mut(expert))
+            .zip(k)
+            .map(|(e, k)| &mut e[k])
+        else {
+            self.fault = Some(format!(
+                "blk.{layer}.expert.{expert}.{} recorded, the model has no such expert site",
+                site.name()
+            ));
+            return;
+        };
+        if let Err(why) = s.add(self.gram, x, n) {
+            self.fault = Some(format!(
+                "blk.{layer}.expert.{expert}.{}: {why}",
+                site.name()
+            ));
         }
-        if self.gram {
-            // XᵀX as (Xᵀ)(Xᵀ)ᵀ on the probe's parallel SGEMM: the rows of
-            // one window in f32, the windows summed in f64.
-            s.xt.resize(d * n, 0.0);
-            for (r, row) in x.chunks_exact(d).enumerate() {
-                for (c, &v) in row.iter().enumerate() {
-                    s.xt[c * n + r] = v;
-                }
-            }
-            s.g32.resize(d * d, 0.0);
-            matmul_t(&s.xt, d, &s.xt, d, n, &mut s.g32);
-            for (acc, &v) in s.gram.iter_mut().zip(&s.g32) {
-                *acc += f64::from(v);
-            }
-        }
-        s.rows += n as u64;
     }
 }
 
@@ -265,20 +383,57 @@ pub struct SiteStats {
     pub gram: Option<Vec<f32>>,
 }
 
+/// One expert's statistics.
+#[derive(Debug, Clone)]
+pub struct ExpertStats {
+    /// Rows routed to it.
+    pub rows: u64,
+    /// [`EXPERT_SITES`], in order.
+    pub sites: Vec<SiteStats>,
+}
+
 /// A STATS file's content.
 #[derive(Debug, Clone)]
 pub struct CalibrationStats {
     /// `__metadata__`, format and version included.
     pub meta: BTreeMap<String, String>,
-    /// Rows every site saw.
+    /// Rows every site of a layer saw.
     pub tokens: u64,
-    /// Per layer, the four sites in [`Site::ALL`] order.
+    /// Per layer, its sites in [`Site::ALL`] order: all four, or, with
+    /// experts, all but `ffn_down_in`.
     pub layers: Vec<Vec<SiteStats>>,
+    /// Per layer, per expert (no layers: a dense model).
+    pub experts: Vec<Vec<ExpertStats>>,
 }
 
 impl CalibrationStats {
     pub fn site(&self, layer: usize, site: Site) -> Option<&SiteStats> {
-        self.layers.get(layer).and_then(|l| l.get(site.index()))
+        self.layers
+            .get(layer)
+            .and_then(|l| l.iter().find(|s| s.site == site))
+    }
+
+    /// Expert `expert`'s `site` (of [`EXPERT_SITES`]) in layer `layer`.
+    pub fn expert_site(&self, layer: usize, expert: usize, site: Site) -> Option<&SiteStats> {
+        self.experts
+            .get(layer)?
+            .get(expert)?
+            .sites
+            .iter()
+            .find(|s| s.site == site)
+    }
+
+    /// Experts per layer (0: a dense model).
+    pub fn n_expert(&self) -> usize {
+        self.experts.first().map_or(0, Vec::len)
+    }
+
+    /// Every site's statistics, the experts' included.
+    pub fn all_sites(&self) -> impl Iterator<Item = &SiteStats> {
+        self.layers
+            .iter()
+            .flatten()
+            .chain(self.experts.iter().flatten().flat_map(|e| &e.sites))
     }
 }
 
@@ -294,10 +449,18 @@ fn write_stats_to(stats: &CalibrationStats, mut out: AtomicOutput) -> Result<u64
     for (k, v) in &stats.meta {
         meta.insert(k.clone(), Value::String(v.clone()));
     }
+    let n_expert = stats.n_expert();
+    let version = match n_expert {
+        0 => FORMAT_VERSION,
+        _ => FORMAT_VERSION_EXPERTS,
+    };
     meta.insert("format".into(), FORMAT_NAME.into());
-    meta.insert("version".into(), FORMAT_VERSION.to_string().into());
+    meta.insert("version".into(), version.to_string().into());
     meta.insert("layers".into(), stats.layers.len().to_string().into());
     meta.insert("tokens".into(), stats.tokens.to_string().into());
+    if n_expert > 0 {
+        meta.insert("experts".into(), n_expert.to_string().into());
+    }
     let sites: Map<String, Value> = Site::ALL
         .iter()
         .map(|s| (s.name().to_string(), json!(s.feeds())))
@@ -308,25 +471,47 @@ fn write_stats_to(stats: &CalibrationStats, mut out: AtomicOutput) -> Result<u64
     );
     let mut header = Map::new();
     header.insert("__metadata__".into(), Value::Object(meta));
-    let mut offset = 0u64;
+    // Every array in data order: its name, then what to write.
+    enum Data<'a> {
+        F64(&'a [f64]),
+        F32(&'a [f32]),
+        U64(u64),
+    }
+    let mut arrays: Vec<(String, Data)> = Vec::new();
     for (li, sites) in stats.layers.iter().enumerate() {
         for s in sites {
             let base = format!("blk.{li}.{}", s.site.name());
-            let len = 8 * s.mean_sq.len() as u64;
-            header.insert(
-                format!("{base}.mean_sq"),
-                json!({"dtype": "F64", "shape": [s.d], "data_offsets": [offset, offset + len]}),
-            );
-            offset += len;
+            arrays.push((format!("{base}.mean_sq"), Data::F64(&s.mean_sq)));
             if let Some(g) = &s.gram {
-                let len = 4 * g.len() as u64;
-                header.insert(
-                    format!("{base}.gram"),
-                    json!({"dtype": "F32", "shape": [s.d, s.d], "data_offsets": [offset, offset + len]}),
-                );
-                offset += len;
+                arrays.push((format!("{base}.gram"), Data::F32(g)));
             }
         }
+        for (e, x) in stats.experts.get(li).into_iter().flatten().enumerate() {
+            arrays.push((format!("blk.{li}.expert.{e}.rows"), Data::U64(x.rows)));
+            for s in &x.sites {
+                let base = format!("blk.{li}.expert.{e}.{}", s.site.name());
+                arrays.push((format!("{base}.mean_sq"), Data::F64(&s.mean_sq)));
+                if let Some(g) = &s.gram {
+                    arrays.push((format!("{base}.gram"), Data::F32(g)));
+                }
+            }
+        }
+    }
+    let mut offset = 0u64;
+    for (name, data) in &arrays {
+        let (dtype, shape, len) = match data {
+            Data::F64(v) => ("F64", vec![v.len()], 8 * v.len() as u64),
+            Data::F32(g) => {
+                let d = g.len().isqrt();
+                ("F32", vec![d, d], 4 * g.len() as u64)
+            }
+            Data::U64(_) => ("U64", vec![1], 8),
+        };
+        header.insert(
+            name.clone(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len]}),
+        );
+        offset += len;
     }
     let mut h = Value::Object(header).to_string().into_bytes();
     h.resize(h.len().next_multiple_of(8), b' ');
@@ -335,14 +520,15 @@ fn write_stats_to(stats: &CalibrationStats, mut out: AtomicOutput) -> Result<u64
     out.write_all(&(h.len() as u64).to_le_bytes()).map_err(io)?;
     out.write_all(&h).map_err(io)?;
     let mut buf = Vec::with_capacity(1 << 16);
-    for sites in &stats.layers {
-        for s in sites {
-            buf.clear();
-            s.mean_sq
-                .iter()
-                .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
-            out.write_all(&buf).map_err(io)?;
-            if let Some(g) = &s.gram {
+    for (_, data) in &arrays {
+        match data {
+            Data::F64(v) => {
+                buf.clear();
+                v.iter()
+                    .for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
+                out.write_all(&buf).map_err(io)?;
+            }
+            Data::F32(g) => {
                 for rows in g.chunks(1 << 14) {
                     buf.clear();
                     rows.iter()
@@ -350,6 +536,7 @@ fn write_stats_to(stats: &CalibrationStats, mut out: AtomicOutput) -> Result<u64
                     out.write_all(&buf).map_err(io)?;
                 }
             }
+            Data::U64(n) => out.write_all(&n.to_le_bytes()).map_err(io)?,
         }
     }
     out.commit()
@@ -359,8 +546,8 @@ fn write_stats_to(stats: &CalibrationStats, mut out: AtomicOutput) -> Result<u64
 const MAX_HEADER: u64 = 64 << 20;
 
 /// Read and check a STATS file: format and version, every array's dtype,
-/// shape and extent, all four sites of every layer present, a Gram matrix
-/// for every site or none.
+/// shape and extent, every site of every layer (and of every expert, in
+/// version 2) present, a Gram matrix for every site or none.
 pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
     let bad = |msg: String| err(ErrorKind::BadValue, msg).path(path);
     let mut f = File::open(path).map_err(|e| Error::io(path, "cannot open", e))?;
@@ -403,13 +590,20 @@ pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
         .path(path));
     }
     let version = meta.get("version").map_or("", String::as_str);
-    if version != FORMAT_VERSION.to_string() {
-        return Err(err(
-            ErrorKind::UnsupportedVersion,
-            format!("STATS version {version:?}; this rknot reads version {FORMAT_VERSION}"),
-        )
-        .path(path));
-    }
+    let with_experts = match version {
+        v if v == FORMAT_VERSION.to_string() => false,
+        v if v == FORMAT_VERSION_EXPERTS.to_string() => true,
+        _ => {
+            return Err(err(
+                ErrorKind::UnsupportedVersion,
+                format!(
+                    "STATS version {version:?}; this rknot reads versions {FORMAT_VERSION} and \
+                     {FORMAT_VERSION_EXPERTS}"
+                ),
+            )
+            .path(path));
+        }
+    };
     let number = |k: &str| -> Result<u64> {
         meta.get(k)
             .and_then(|v| v.parse::<u64>().ok())
@@ -420,19 +614,48 @@ pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
         .ok()
         .filter(|&n| n <= 1 << 16)
         .ok_or_else(|| bad("__metadata__.layers is out of range".into()))?;
+    let n_expert = match with_experts {
+        false => 0,
+        true => usize::try_from(number("experts")?)
+            .ok()
+            .filter(|n| (1..=4096).contains(n))
+            .ok_or_else(|| bad("__metadata__.experts is not in 1..=4096".into()))?,
+    };
     let gram = match meta.get("gram").map(String::as_str) {
         Some("true") => true,
         Some("false") => false,
         _ => return Err(bad("__metadata__.gram is not true or false".into())),
     };
-    let mut layers: Vec<Vec<Option<SiteStats>>> = vec![vec![None, None, None, None]; n_layer];
-    let mut grams: Vec<(usize, Site, usize, u64)> = Vec::new();
+    // Slots: per layer its four sites, then per expert its two (a layer
+    // with experts has no ffn_down_in: that slot stays empty).
+    let slots_per_layer = 4 + 2 * n_expert;
+    let slot_of = |a: &ArrayName| -> Option<usize> {
+        let base = a.layer * slots_per_layer;
+        match a.expert {
+            None => Some(base + a.site.index()),
+            Some(e) => {
+                let k = EXPERT_SITES.iter().position(|s| *s == a.site)?;
+                Some(base + 4 + 2 * e + k)
+            }
+        }
+    };
+    let slot_name = |slot: usize| {
+        let (li, k) = (slot / slots_per_layer, slot % slots_per_layer);
+        match k.checked_sub(4) {
+            None => format!("blk.{li}.{}", Site::ALL[k].name()),
+            Some(x) => format!("blk.{li}.expert.{}.{}", x / 2, EXPERT_SITES[x % 2].name()),
+        }
+    };
+    let mut slots: Vec<Option<SiteStats>> = vec![None; n_layer * slots_per_layer];
+    let mut rows: Vec<Option<u64>> = vec![None; n_layer * n_expert];
+    let mut grams: Vec<(usize, usize, u64)> = Vec::new();
     for (name, entry) in &header {
         if name == "__metadata__" {
             continue;
         }
-        let (li, site, kind) = parse_name(name)
-            .filter(|(li, _, _)| *li < n_layer)
+        let a = parse_name(name)
+            .filter(|a| a.layer < n_layer && a.expert.is_none_or(|e| e < n_expert))
+            .filter(|a| !(with_experts && a.expert.is_none() && a.site == Site::FfnDownIn))
             .ok_or_else(|| bad(format!("unexpected array {name:?}")))?;
         let dtype = entry.get("dtype").and_then(Value::as_str).unwrap_or("");
         let shape: Vec<u64> = entry
@@ -445,9 +668,10 @@ pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_u64).collect())
             .unwrap_or_default();
-        let (want_dtype, want_dims, elem) = match kind {
-            "mean_sq" => ("F64", 1, 8u64),
-            _ => ("F32", 2, 4u64),
+        let (want_dtype, want_dims, elem) = match a.kind {
+            ArrayKind::MeanSq => ("F64", 1, 8u64),
+            ArrayKind::Rows => ("U64", 1, 8u64),
+            ArrayKind::Gram => ("F32", 2, 4u64),
         };
         let d = shape.first().copied().unwrap_or(0);
         let extent_ok = offs.len() == 2
@@ -457,6 +681,7 @@ pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
             && shape.iter().all(|&s| s == d)
             && d > 0
             && d <= 1 << 20
+            && (a.kind != ArrayKind::Rows || d == 1)
             && shape
                 .iter()
                 .try_fold(elem, |a, &s| a.checked_mul(s))
@@ -472,38 +697,45 @@ pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
             .path(path));
         }
         let d = d as usize;
-        if kind == "mean_sq" {
-            let bytes = read_at(&mut f, path, data_start + offs[0], d * 8)?;
-            let mean_sq = bytes
-                .chunks_exact(8)
-                .map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default()))
-                .collect();
-            layers[li][site.index()] = Some(SiteStats {
-                site,
-                d,
-                mean_sq,
-                gram: None,
-            });
-        } else {
-            grams.push((li, site, d, data_start + offs[0]));
+        let slot = slot_of(&a).ok_or_else(|| bad(format!("unexpected array {name:?}")))?;
+        match a.kind {
+            ArrayKind::Rows => {
+                let bytes = read_at(&mut f, path, data_start + offs[0], 8)?;
+                let e = a.expert.unwrap_or(0);
+                rows[a.layer * n_expert + e] =
+                    Some(u64::from_le_bytes(bytes.try_into().unwrap_or_default()));
+            }
+            ArrayKind::MeanSq => {
+                let bytes = read_at(&mut f, path, data_start + offs[0], d * 8)?;
+                let mean_sq = bytes
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default()))
+                    .collect();
+                slots[slot] = Some(SiteStats {
+                    site: a.site,
+                    d,
+                    mean_sq,
+                    gram: None,
+                });
+            }
+            ArrayKind::Gram => grams.push((slot, d, data_start + offs[0])),
         }
     }
-    if grams.len() != if gram { n_layer * 4 } else { 0 } {
+    let sites_per_layer = if with_experts { 3 } else { 4 };
+    let want_grams = n_layer * (sites_per_layer + 2 * n_expert);
+    if grams.len() != if gram { want_grams } else { 0 } {
         return Err(bad(format!(
-            "{} Gram matrices for {n_layer} layers with gram {gram}",
+            "{} Gram matrices for {n_layer} layers of {n_expert} experts with gram {gram}",
             grams.len()
         )));
     }
-    for (li, site, d, at) in grams {
-        let s = layers[li][site.index()]
-            .as_mut()
-            .filter(|s| s.d == d)
-            .ok_or_else(|| {
-                bad(format!(
-                    "blk.{li}.{}.gram has no mean_sq of its width {d}",
-                    site.name()
-                ))
-            })?;
+    for (slot, d, at) in grams {
+        let s = slots[slot].as_mut().filter(|s| s.d == d).ok_or_else(|| {
+            bad(format!(
+                "{}.gram has no mean_sq of its width {d}",
+                slot_name(slot)
+            ))
+        })?;
         let bytes = read_at(&mut f, path, at, d * d * 4)?;
         s.gram = Some(
             bytes
@@ -512,34 +744,96 @@ pub fn read_stats(path: &Path) -> Result<CalibrationStats> {
                 .collect(),
         );
     }
-    let layers = layers
-        .into_iter()
-        .enumerate()
-        .map(|(li, sites)| {
-            sites
-                .into_iter()
-                .zip(Site::ALL)
-                .map(|(s, site)| {
-                    s.ok_or_else(|| bad(format!("blk.{li}.{}.mean_sq is missing", site.name())))
-                })
-                .collect::<Result<Vec<_>>>()
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut layers = Vec::with_capacity(n_layer);
+    let mut experts = Vec::with_capacity(if with_experts { n_layer } else { 0 });
+    let mut slots = slots.into_iter().enumerate();
+    let mut take = || -> Result<SiteStats> {
+        match slots.next() {
+            Some((_, Some(s))) => Ok(s),
+            Some((slot, None)) => Err(bad(format!("{}.mean_sq is missing", slot_name(slot)))),
+            None => Err(bad("internal: fewer slots than sites".into())),
+        }
+    };
+    for li in 0..n_layer {
+        let mut sites = Vec::with_capacity(4);
+        for site in Site::ALL {
+            if with_experts && site == Site::FfnDownIn {
+                // The layer's own ffn_down_in slot: none with experts.
+                let _ = take();
+                continue;
+            }
+            sites.push(take()?);
+        }
+        layers.push(sites);
+        if !with_experts {
+            continue;
+        }
+        let mut layer = Vec::with_capacity(n_expert);
+        for e in 0..n_expert {
+            let sites = vec![take()?, take()?];
+            let rows = rows[li * n_expert + e]
+                .ok_or_else(|| bad(format!("blk.{li}.expert.{e}.rows is missing")))?;
+            layer.push(ExpertStats { rows, sites });
+        }
+        experts.push(layer);
+    }
     Ok(CalibrationStats {
         meta,
         tokens,
         layers,
+        experts,
     })
 }
 
-/// `blk.L.SITE.KIND` with KIND `mean_sq` or `gram`.
-fn parse_name(name: &str) -> Option<(usize, Site, &str)> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArrayKind {
+    MeanSq,
+    Gram,
+    Rows,
+}
+
+/// A STATS array's name: `blk.L.SITE.KIND` (KIND `mean_sq` or `gram`),
+/// `blk.L.expert.E.SITE.KIND` or `blk.L.expert.E.rows` (site `ffn_in`).
+#[derive(Debug, PartialEq, Eq)]
+struct ArrayName {
+    layer: usize,
+    expert: Option<usize>,
+    site: Site,
+    kind: ArrayKind,
+}
+
+fn parse_name(name: &str) -> Option<ArrayName> {
     let rest = name.strip_prefix("blk.")?;
     let (li, rest) = rest.split_once('.')?;
+    let layer = li.parse().ok()?;
+    let (expert, rest) = match rest.strip_prefix("expert.") {
+        Some(r) => {
+            let (e, r) = r.split_once('.')?;
+            (Some(e.parse().ok()?), r)
+        }
+        None => (None, rest),
+    };
+    if expert.is_some() && rest == "rows" {
+        return Some(ArrayName {
+            layer,
+            expert,
+            site: Site::FfnIn,
+            kind: ArrayKind::Rows,
+        });
+    }
     let (site, kind) = rest.split_once('.')?;
-    let li = li.parse().ok()?;
-    let site = Site::from_name(site)?;
-    matches!(kind, "mean_sq" | "gram").then_some((li, site, kind))
+    let site = Site::from_name(site).filter(|s| expert.is_none() || EXPERT_SITES.contains(s))?;
+    let kind = match kind {
+        "mean_sq" => ArrayKind::MeanSq,
+        "gram" => ArrayKind::Gram,
+        _ => return None,
+    };
+    Some(ArrayName {
+        layer,
+        expert,
+        site,
+        kind,
+    })
 }
 
 fn read_at(f: &mut File, path: &Path, at: u64, len: usize) -> Result<Vec<u8>> {
@@ -826,16 +1120,108 @@ mod tests {
         assert_eq!(r.layers[1][Site::FfnDownIn.index()].sum_sq.len(), 32);
     }
 
+    /// A mixture of experts: each expert's rows are its own, written as
+    /// version 2 and read back; an expert no row went to is all zeros.
+    #[test]
+    fn expert_sites_round_trip_through_a_stats_file() {
+        use super::super::moe::MoeConfig;
+        use crate::arch::moe::MoeRouting;
+        let mut cfg = config(2, 4, 6);
+        cfg.moe = Some(MoeConfig {
+            n_expert: 3,
+            n_used: 1,
+            d_ff: 5,
+            routing: MoeRouting { norm_topk: true },
+        });
+        for gram in [false, true] {
+            let mut r = StatsRecorder::for_model(&cfg, gram).unwrap();
+            let x4: Vec<f32> = (0..8).map(|i| i as f32).collect();
+            for layer in 0..2 {
+                for site in [Site::AttnIn, Site::AttnOutIn, Site::FfnIn] {
+                    r.record(layer, site, &x4, 2);
+                }
+                // Both rows to expert 1 in layer 0, to experts 0 and 2 in 1.
+                let (a, b) = if layer == 0 { (1, 1) } else { (0, 2) };
+                r.record_expert(layer, a, Site::FfnIn, &x4[..4], 1);
+                r.record_expert(layer, a, Site::FfnDownIn, &[1.0, 2.0, 3.0, 4.0, 5.0], 1);
+                r.record_expert(layer, b, Site::FfnIn, &x4[4..], 1);
+                r.record_expert(layer, b, Site::FfnDownIn, &[2.0; 5], 1);
+            }
+            let stats = r.finish(BTreeMap::new()).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("moe.stats");
+            let target = OutputTarget {
+                path: path.clone(),
+                overwrite: false,
+                mode: 0o644,
+                sources: Vec::new(),
+            };
+            write_stats(&stats, &target).unwrap();
+            let back = read_stats(&path).unwrap();
+            assert_eq!(back.meta["version"], "2");
+            assert_eq!(back.meta["experts"], "3");
+            assert_eq!(back.n_expert(), 3);
+            assert_eq!(back.layers[0].len(), 3, "no layer-wide ffn_down_in");
+            assert!(back.site(0, Site::FfnDownIn).is_none());
+            let rows: Vec<Vec<u64>> = back
+                .experts
+                .iter()
+                .map(|l| l.iter().map(|e| e.rows).collect())
+                .collect();
+            assert_eq!(rows, vec![vec![0, 2, 0], vec![1, 0, 1]]);
+            let e1 = back.expert_site(0, 1, Site::FfnIn).unwrap();
+            // Mean over both rows of x²: (0² + 4²) / 2 for channel 0.
+            assert_eq!(e1.mean_sq, vec![8.0, 13.0, 20.0, 29.0]);
+            let down = back.expert_site(0, 1, Site::FfnDownIn).unwrap();
+            assert_eq!(down.d, 5);
+            assert_eq!(down.mean_sq, vec![2.5, 4.0, 6.5, 10.0, 14.5]);
+            let idle = back.expert_site(0, 0, Site::FfnDownIn).unwrap();
+            assert!(idle.mean_sq.iter().all(|&v| v == 0.0) && idle.d == 5);
+            assert_eq!(idle.gram.as_ref().map(Vec::len), gram.then_some(25));
+            assert_eq!(
+                back.expert_site(1, 2, Site::FfnIn).unwrap().mean_sq,
+                vec![16.0, 25.0, 36.0, 49.0]
+            );
+        }
+        // Rows that do not add up to tokens × experts per token are an
+        // internal error, not a file.
+        let mut r = StatsRecorder::for_model(&cfg, false).unwrap();
+        for layer in 0..2 {
+            for site in [Site::AttnIn, Site::AttnOutIn, Site::FfnIn] {
+                r.record(layer, site, &[1.0; 4], 1);
+            }
+        }
+        let e = r.finish(BTreeMap::new()).unwrap_err();
+        assert!(e.to_string().contains("experts saw 0 rows"), "{e}");
+    }
+
     #[test]
     fn names_round_trip() {
+        let name = |layer, expert, site, kind| ArrayName {
+            layer,
+            expert,
+            site,
+            kind,
+        };
         for s in Site::ALL {
             assert_eq!(Site::from_name(s.name()), Some(s));
             assert_eq!(
                 parse_name(&format!("blk.3.{}.gram", s.name())),
-                Some((3, s, "gram"))
+                Some(name(3, None, s, ArrayKind::Gram))
             );
         }
         assert_eq!(parse_name("blk.x.attn_in.gram"), None);
         assert_eq!(parse_name("blk.0.attn_in.other"), None);
+        assert_eq!(
+            parse_name("blk.1.expert.7.ffn_down_in.mean_sq"),
+            Some(name(1, Some(7), Site::FfnDownIn, ArrayKind::MeanSq))
+        );
+        assert_eq!(
+            parse_name("blk.1.expert.7.rows"),
+            Some(name(1, Some(7), Site::FfnIn, ArrayKind::Rows))
+        );
+        assert_eq!(parse_name("blk.1.expert.7.attn_in.mean_sq"), None);
+        assert_eq!(parse_name("blk.1.rows"), None);
+        assert_eq!(parse_name("blk.1.expert.x.ffn_in.gram"), None);
     }
 }

@@ -42,7 +42,7 @@ use self::pieces::Pieces;
 use super::files::{TensorFile, ViewFile, view_metadata};
 use super::inodes::{CONFIG_INO, GENERATION_CONFIG_INO, TOKENIZER_CONFIG_INO, TOKENIZER_INO};
 use super::precision::served_format;
-use super::views::{self, ElemFormat, ModelView, RowGroups, ViewTensor};
+use super::views::{self, ElemFormat, ElemRun, ModelView, RowGroups, ViewTensor};
 use crate::arch::{self, Architecture, AttentionBias, HfParams, RopeLayout, TokenizerKind};
 use crate::backend::Backend;
 use crate::format::meta::{MetaValue, Metadata};
@@ -95,12 +95,86 @@ pub(super) struct HfBuild {
 }
 
 /// One tensor of the hf view.
-struct HfTensor<'a> {
+struct HfTensor {
     file: usize,
     name: String,
-    shape: &'a [u64],
+    shape: Vec<u64>,
     n_elements: u64,
     rows: Option<RowGroups>,
+    /// A fused tensor's runs of its parts' elements (empty: all of `file`).
+    runs: Vec<ElemRun>,
+}
+
+/// The most runs of a fused tensor (two per expert for `gate_up_proj`):
+/// what a shape read from the source can make the view hold.
+const MAX_FUSED_RUNS: u64 = 1 << 16;
+
+/// One part of a fused tensor: its tensor file, shape and name.
+struct FusedPart<'a> {
+    file: usize,
+    shape: &'a [u64],
+    gguf: &'a str,
+}
+
+/// The shape and runs of `parts` concatenated along `dim` (outer-first),
+/// as transformers' `Concatenate(dim)` makes one tensor of them: for each
+/// index of the dimensions before `dim`, each part's block in turn.
+fn fuse(name: &str, parts: &[FusedPart], dim: usize) -> Result<(Vec<u64>, Vec<ElemRun>), String> {
+    let first = parts
+        .first()
+        .ok_or_else(|| format!("{name} has no parts"))?;
+    let rank = first.shape.len();
+    if dim >= rank {
+        return Err(format!(
+            "{name}: {} is {rank}-D, fused along dimension {dim}",
+            first.gguf
+        ));
+    }
+    let mut shape = first.shape.to_vec();
+    shape[dim] = 0;
+    for p in parts {
+        let alike = p.shape.len() == rank
+            && p.shape[..dim] == first.shape[..dim]
+            && p.shape[dim + 1..] == first.shape[dim + 1..];
+        if !alike {
+            return Err(format!(
+                "{name}: {} {:?} and {} {:?} differ outside dimension {dim}, so they do not \
+                 concatenate",
+                first.gguf, first.shape, p.gguf, p.shape
+            ));
+        }
+        shape[dim] = shape[dim]
+            .checked_add(p.shape[dim])
+            .ok_or_else(|| format!("{name}: its shape overflows"))?;
+    }
+    let product = |d: &[u64]| d.iter().try_fold(1u64, |a, &x| a.checked_mul(x));
+    let overflow = || format!("{name}: its parts' element counts overflow");
+    let outer = product(&first.shape[..dim]).ok_or_else(overflow)?;
+    if outer
+        .checked_mul(parts.len() as u64)
+        .is_none_or(|n| n > MAX_FUSED_RUNS)
+    {
+        return Err(format!(
+            "{name}: more than {MAX_FUSED_RUNS} runs of its parts"
+        ));
+    }
+    let blocks = parts
+        .iter()
+        .map(|p| product(p.shape).and(product(&p.shape[dim..])))
+        .collect::<Option<Vec<u64>>>()
+        .ok_or_else(overflow)?;
+    let mut runs = Vec::with_capacity((outer as usize) * parts.len());
+    for o in 0..outer {
+        for (p, &block) in parts.iter().zip(&blocks) {
+            // o * block < the part's element count, which did not overflow.
+            runs.push(ElemRun {
+                file: p.file,
+                elem0: o * block,
+                n: block,
+            });
+        }
+    }
+    Ok((shape, runs))
 }
 
 /// Build `hf/` for the served tensors `files` of `b`, with a safetensors
@@ -143,34 +217,69 @@ fn build_dir(
     let (md, _) = view_metadata(b);
     let (arch, p) = arch::hf_params(md)?;
     let entries = b.tensors().entries();
-    // Hugging Face stores each expert as its own 2-D tensors: segments of
-    // the 3-D one, which the view's layout cannot express yet.
-    if let Some(t) = entries
-        .iter()
-        .find(|t| arch::moe::is_moe_tensor(&t.name.dot) && t.shape.len() == 3)
-    {
+    if p.moe.is_some() && arch.moe_routing().is_none() {
         return Err(format!(
-            "{} is a mixture-of-experts expert tensor ({:?}); hf/ does not yet split experts \
-             into Hugging Face's per-expert tensors (the probe runs the model)",
-            t.name.dot, t.shape
+            "{} has experts ({}.expert_count), and {} no mixture-of-experts form",
+            md.architecture().unwrap_or(""),
+            md.architecture().unwrap_or(""),
+            arch.hf_class()
         ));
     }
-    // Every tensor of the model must have a Hugging Face name and a file.
+    // Every tensor of the model must have a place in the checkpoint.
     for t in entries {
-        if arch.hf_name(&t.name.dot).is_none() {
+        if arch.hf_place(&t.name.dot).is_none() {
             return Err(format!(
                 "{} has no Hugging Face {} tensor",
                 t.name.dot,
-                md.architecture().unwrap_or("")
+                arch.hf_model_type()
             ));
         }
     }
     let mut tensors = Vec::with_capacity(files.len());
+    // Fused tensors: their index in `tensors` (placed where their first
+    // part is) and their parts so far.
+    let mut fused: std::collections::HashMap<String, (usize, arch::Fused, Vec<Option<FusedPart>>)> =
+        std::collections::HashMap::new();
     for (f, tf) in files.iter().enumerate() {
         let t = &entries[tf.index];
-        let Some((name, role)) = arch.hf_name(&t.name.dot) else {
+        let Some(place) = arch.hf_place(&t.name.dot) else {
             continue;
         };
+        let (name, role) = (place.name, place.role);
+        if let Some(part) = place.fused {
+            let slot = fused.entry(name.clone()).or_insert_with(|| {
+                tensors.push(HfTensor {
+                    file: f,
+                    name,
+                    shape: Vec::new(),
+                    n_elements: 0,
+                    rows: None,
+                    runs: Vec::new(),
+                });
+                (
+                    tensors.len() - 1,
+                    part,
+                    (0..part.of).map(|_| None).collect(),
+                )
+            });
+            let free = slot.1.of == part.of && slot.1.dim == part.dim;
+            match slot.2.get_mut(part.index) {
+                Some(s @ None) if free => {
+                    *s = Some(FusedPart {
+                        file: f,
+                        shape: &t.shape,
+                        gguf: &t.name.dot,
+                    })
+                }
+                _ => {
+                    return Err(format!(
+                        "{}: part {} of {} of {} does not fit its other parts",
+                        t.name.dot, part.index, part.of, tensors[slot.0].name
+                    ));
+                }
+            }
+            continue;
+        }
         let rows = match arch.permuted_row_groups(role, p.heads, p.kv_heads) {
             None => None,
             Some(g) => {
@@ -191,10 +300,24 @@ fn build_dir(
         tensors.push(HfTensor {
             file: f,
             name,
-            shape: &t.shape,
+            shape: t.shape.clone(),
             n_elements: t.n_elements,
             rows,
+            runs: Vec::new(),
         });
+    }
+    for (name, (at, part, parts)) in fused {
+        let Some(parts) = parts.into_iter().collect::<Option<Vec<_>>>() else {
+            return Err(format!(
+                "{name} is {} GGUF tensors fused, and the model lacks some",
+                part.of
+            ));
+        };
+        let (shape, runs) = fuse(&name, &parts, part.dim)?;
+        let t = &mut tensors[at];
+        t.n_elements = runs.iter().map(|r| r.n).sum();
+        t.shape = shape;
+        t.runs = runs;
     }
     let served: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     let unserved: Vec<&str> = entries
@@ -263,9 +386,10 @@ fn build_dir(
         .map(|t| ViewTensor {
             file: t.file,
             name: &t.name,
-            shape: t.shape,
+            shape: &t.shape,
             n_elements: t.n_elements,
             rows: t.rows,
+            runs: &t.runs,
         })
         .collect();
     let mut views_out = Vec::new();
@@ -278,14 +402,25 @@ fn build_dir(
             served_format(fmt, main),
         )
         .map_err(|e| e.to_string());
+        let mut notes = Vec::new();
+        if arch.rope_layout() == RopeLayout::Interleaved {
+            notes.push(
+                "q_proj/k_proj rows in Hugging Face order (llama.cpp's rotary permutation undone)"
+                    .to_string(),
+            );
+        }
+        if p.moe.is_some() {
+            notes.push(
+                "experts fused as transformers holds them: mlp.experts.gate_up_proj \
+                 [n_expert, 2 x ffn, hidden] (each expert's ffn_gate_exps rows, then its \
+                 ffn_up_exps rows), mlp.experts.down_proj = ffn_down_exps"
+                    .to_string(),
+            );
+        }
         views_out.push(ViewFile {
             view: ModelView::Hf(fmt),
             layout,
-            notes: if arch.rope_layout() == RopeLayout::Interleaved {
-                vec!["q_proj/k_proj rows in Hugging Face order (llama.cpp's rotary permutation undone)".to_string()]
-            } else {
-                Vec::new()
-            },
+            notes,
         });
     }
 
@@ -390,6 +525,11 @@ fn config_json(
     );
     for (k, v) in extras.fields {
         c.insert(k.into(), v);
+    }
+    if let Some(m) = &p.moe {
+        for (k, v) in arch.config_moe_fields(m) {
+            c.insert(k.into(), v);
+        }
     }
     c.insert("vocab_size".into(), json!(vocab));
     c.insert("tie_word_embeddings".into(), json!(tied));

@@ -153,12 +153,20 @@ pub(super) fn place(
     let mut segments = Vec::with_capacity(tensors.len());
     let mut data_end = 0u64;
     for ((t, &off), &len) in tensors.iter().zip(offsets).zip(lens) {
-        segments.push(Segment {
-            start: add(base, off, "gguf tensor offset")?,
+        // The GGUF views hold GGUF tensors, whole (never a fused
+        // Hugging Face tensor's runs).
+        if !t.runs.is_empty() {
+            return Err(err(
+                ErrorKind::BadValue,
+                "internal error: a GGUF view tensor made of runs of others",
+            )
+            .tensor(t.name));
+        }
+        segments.push(Segment::whole(
+            add(base, off, "gguf tensor offset")?,
             len,
-            file: t.file,
-            rows: None,
-        });
+            t.file,
+        ));
         data_end = add(off, len, "gguf data size")?;
     }
     let size = add(base, gguf::align_up(data_end, alignment)?, "gguf size")?;

@@ -1,6 +1,10 @@
-//! A view's bytes: a header, then [`Segment`]s (one tensor each, maybe in
-//! another row order), zeros between them; [`Layout::pieces`] maps a byte
-//! range to those pieces without decoding anything.
+//! A view's bytes: a header, then [`Segment`]s (each a range of one
+//! tensor's elements, maybe in another row order), zeros between them;
+//! [`Layout::pieces`] maps a byte range to those pieces without decoding
+//! anything. A tensor of a view is usually one segment, the whole tensor
+//! file; a tensor Hugging Face stores fused (a mixture-of-experts layer's
+//! `gate_up_proj`: each expert's gate rows, then its up rows) is several
+//! consecutive segments, each an element range of another tensor file.
 
 use std::ops::Range;
 
@@ -8,14 +12,18 @@ use super::ElemFormat;
 use crate::arch::rows::{RowGroups, RowOrder};
 use crate::error::{ErrorKind, Result, add, err};
 
-/// One tensor of a virtual file: bytes `[start, start + len)` of the view
-/// are tensor file `file` encoded in the view's format.
+/// A run of one tensor's elements in a virtual file: bytes `[start, start
+/// + len)` of the view are the elements of tensor file `file` from
+/// `elem0` on, encoded in the view's format.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
     pub start: u64,
     pub len: u64,
     /// Index of the tensor file (the filesystem's table, not the backend's).
     pub file: usize,
+    /// The tensor file's element at the segment's first byte (0: the
+    /// segment starts at the tensor's start).
+    pub elem0: u64,
     /// The segment's rows in Hugging Face order, the tensor file's in
     /// GGUF order (the `hf/` view's and the HF-named files' Q/K
     /// projections); `None`: the file's bytes as they are.
@@ -34,20 +42,34 @@ impl Segment {
     /// range itself, or one range per row the range touches when the rows
     /// are permuted.
     pub fn source_ranges(&self, range: Range<u64>, bpe: u64) -> Vec<Range<u64>> {
+        let base = self.elem0.saturating_mul(bpe);
+        let shift = |r: Range<u64>| r.start.saturating_add(base)..r.end.saturating_add(base);
         let Some(p) = self.rows else {
-            return vec![range];
+            return vec![shift(range)];
         };
         let row_bytes = p.row_elems.saturating_mul(bpe);
         p.runs(RowOrder::Hf, row_bytes, range)
-            .map(|(_, r)| r)
+            .map(|(_, r)| shift(r))
             .collect()
     }
 
     /// The tensor file's element behind element `e` of the segment.
     pub fn src_elem(&self, e: u64) -> u64 {
-        match self.rows {
+        let e = match self.rows {
             Some(p) => p.source_elem(RowOrder::Hf, e),
             None => e,
+        };
+        e.saturating_add(self.elem0)
+    }
+
+    /// A segment of the whole of tensor file `file`, as it is.
+    pub fn whole(start: u64, len: u64, file: usize) -> Segment {
+        Segment {
+            start,
+            len,
+            file,
+            elem0: 0,
+            rows: None,
         }
     }
 }
@@ -130,10 +152,11 @@ impl Layout {
     /// through `fs::native_read`, never through the decoded path (so `fmt`
     /// is F32 only to fill the field).
     pub fn stored(header: Vec<u8>, segments: Vec<Segment>, size: u64) -> Result<Layout> {
-        if segments.iter().any(|s| s.rows.is_some()) {
+        if segments.iter().any(|s| s.rows.is_some() || s.elem0 != 0) {
             return Err(err(
                 ErrorKind::BadValue,
-                "internal error: a stored-bytes view segment permutes rows",
+                "internal error: a stored-bytes view segment permutes rows or starts inside \
+                 its tensor",
             ));
         }
         let mut pos = header.len() as u64;
@@ -247,10 +270,14 @@ pub fn chunks_after(
     while (out.len() as u64) < n {
         let Some(s) = segments.get(i) else { break };
         let ce = chunk_elems(s.file).max(1);
-        let n_chunks = (s.len / bpe).div_ceil(ce);
-        let mut c = first;
-        while c < n_chunks && (out.len() as u64) < n {
-            out.push((s.file, c));
+        // The chunks of the segment's element range of its file.
+        let last = s.elem0.saturating_add(s.len / bpe).div_ceil(ce);
+        let mut c = first.max(s.elem0 / ce);
+        while c < last && (out.len() as u64) < n {
+            // A chunk an earlier segment of the same file listed.
+            if !out.contains(&(s.file, c)) {
+                out.push((s.file, c));
+            }
             c += 1;
         }
         first = 0;
@@ -274,18 +301,21 @@ mod tests {
                     start: 16,
                     len: 8,
                     file: 0,
+                    elem0: 0,
                     rows: None,
                 },
                 Segment {
                     start: 24,
                     len: 12,
                     file: 1,
+                    elem0: 0,
                     rows: None,
                 },
                 Segment {
                     start: 40,
                     len: 4,
                     file: 2,
+                    elem0: 0,
                     rows: None,
                 },
             ],
@@ -349,12 +379,7 @@ mod tests {
 
     #[test]
     fn layouts_refuse_overlap_partial_elements_and_overrun() {
-        let seg = |start, len| Segment {
-            start,
-            len,
-            file: 0,
-            rows: None,
-        };
+        let seg = |start, len| Segment::whole(start, len, 0);
         assert!(Layout::new(vec![0; 8], ElemFormat::F32, vec![seg(4, 4)], 16).is_err());
         assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(0, 8), seg(4, 8)], 16).is_err());
         assert!(Layout::new(vec![], ElemFormat::F32, vec![seg(0, 6)], 16).is_err());
@@ -366,14 +391,7 @@ mod tests {
     #[test]
     fn layouts_larger_than_stat_can_report_are_refused() {
         let max = i64::MAX as u64;
-        let segs = |len| {
-            vec![Segment {
-                start: 8,
-                len,
-                file: 0,
-                rows: None,
-            }]
-        };
+        let segs = |len| vec![Segment::whole(8, len, 0)];
         let e = Layout::new(vec![0; 8], ElemFormat::F32, segs(8), max + 1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::TooLarge);
         let msg = e.to_string();
@@ -399,6 +417,7 @@ mod tests {
             start: 100,
             len: 8 * 3 * 4,
             file: 0,
+            elem0: 0,
             rows: Some(p),
         };
         let rows: Vec<u64> = (0..8).map(|r| p.gguf_row(r)).collect();
@@ -424,20 +443,66 @@ mod tests {
     }
 
     #[test]
+    fn segments_inside_a_tensor_map_to_its_elements() {
+        // Elements 6.. of file 2 (f32), rows of 3 elements permuted in 2
+        // groups of 2: segment row r is file row 6/3 + gguf_row(r).
+        let p = RowGroups {
+            groups: 2,
+            group_rows: 2,
+            row_elems: 3,
+        };
+        let s = Segment {
+            start: 40,
+            len: 4 * 3 * 4,
+            file: 2,
+            elem0: 6,
+            rows: None,
+        };
+        assert_eq!(s.source_ranges(0..8, 4), vec![24..32]);
+        assert_eq!(s.src_elem(5), 11);
+        let permuted = Segment {
+            rows: Some(p),
+            ..s.clone()
+        };
+        for e in 0..12 {
+            let want = 6 + p.gguf_row(e / 3) * 3 + e % 3;
+            assert_eq!(permuted.src_elem(e), want, "{e}");
+            let r = permuted.source_ranges(e * 4..e * 4 + 4, 4);
+            assert_eq!(r, vec![want * 4..want * 4 + 4], "{e}");
+        }
+        // Stored-bytes views take whole tensors only.
+        assert!(Layout::stored(vec![0; 40], vec![s.clone()], 100).is_err());
+        // Read-ahead: gate rows 0..4 then up rows 0..4 of two experts
+        // fused (file 0: elements 0..4 and 4..8 alternate with file 1's),
+        // chunks of 4 elements: each file's chunk 0, then chunk 1, once.
+        let fused: Vec<Segment> = (0..4u64)
+            .map(|k| Segment {
+                start: 16 * k,
+                len: 16,
+                file: (k % 2) as usize,
+                elem0: 4 * (k / 2),
+                rows: None,
+            })
+            .collect();
+        assert_eq!(
+            chunks_after(&fused, 4, 0, 10, |_| 4),
+            vec![(0, 0), (1, 0), (0, 1), (1, 1)]
+        );
+        assert_eq!(
+            chunks_after(&fused, 4, 16, 10, |_| 4),
+            vec![(1, 0), (0, 1), (1, 1)]
+        );
+        // Chunks of 8: each file's one chunk.
+        assert_eq!(chunks_after(&fused, 4, 0, 10, |_| 8), vec![(0, 0), (1, 0)]);
+    }
+
+    #[test]
     fn read_ahead_follows_segments() {
         let segs = vec![
-            Segment {
-                start: 100,
-                len: 40, // 10 elements: chunks of 4 -> 3 chunks
-                file: 7,
-                rows: None,
-            },
-            Segment {
-                start: 140,
-                len: 16, // 4 elements -> 1 chunk
-                file: 3,
-                rows: None,
-            },
+            // 10 elements: chunks of 4 -> 3 chunks.
+            Segment::whole(100, 40, 7),
+            // 4 elements -> 1 chunk.
+            Segment::whole(140, 16, 3),
         ];
         let ce = |_| 4;
         assert_eq!(

@@ -204,6 +204,64 @@ pub struct ViewTensor<'a> {
     pub n_elements: u64,
     /// Rows served in another order (the `hf/` view).
     pub rows: Option<RowGroups>,
+    /// The tensor's elements as runs of tensor files' elements, in order
+    /// (a tensor Hugging Face stores fused, in `hf/`); empty: the whole
+    /// of `file`.
+    pub runs: &'a [ElemRun],
+}
+
+/// `n` elements of tensor file `file` from element `elem0` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElemRun {
+    pub file: usize,
+    pub elem0: u64,
+    pub n: u64,
+}
+
+/// The segments of `t` (`len` bytes in `fmt`, from [`tensor_len`]) placed
+/// at byte `start` of a view: the whole tensor file, or one per run.
+fn tensor_segments(t: &ViewTensor, start: u64, len: u64, fmt: ElemFormat) -> Result<Vec<Segment>> {
+    if t.runs.is_empty() {
+        return Ok(vec![Segment {
+            start,
+            len,
+            file: t.file,
+            elem0: 0,
+            rows: t.rows,
+        }]);
+    }
+    if t.rows.is_some() {
+        return Err(err(
+            ErrorKind::BadValue,
+            "internal error: a fused view tensor with permuted rows",
+        )
+        .tensor(t.name));
+    }
+    let mut at = start;
+    let mut out = Vec::with_capacity(t.runs.len());
+    for r in t.runs {
+        let bytes = mul(r.n, fmt.bytes(), "tensor bytes").map_err(|e| e.tensor(t.name))?;
+        out.push(Segment {
+            start: at,
+            len: bytes,
+            file: r.file,
+            elem0: r.elem0,
+            rows: None,
+        });
+        at = crate::error::add(at, bytes, "view segment end")?;
+    }
+    if at - start != len {
+        return Err(err(
+            ErrorKind::BadShape,
+            format!(
+                "its runs hold {} bytes, its shape {:?} {len}",
+                at - start,
+                t.shape
+            ),
+        )
+        .tensor(t.name));
+    }
+    Ok(out)
 }
 
 /// Bytes of `t` in `fmt`, after checking that its shape holds its elements.

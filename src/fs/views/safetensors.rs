@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use serde_json::json;
 
-use super::{Built, ElemFormat, Layout, Segment, ViewTensor, tensor_len};
+use super::{Built, ElemFormat, Layout, ViewTensor, tensor_len, tensor_segments};
 use crate::error::{ErrorKind, Result, add, err};
 use crate::format::meta::{MetaValue, Metadata};
 
@@ -378,16 +378,10 @@ pub(in crate::fs) fn safetensors_with(
     let mut header = json.into_bytes();
     header[..8].copy_from_slice(&n.to_le_bytes());
     header.resize(padded + 8, b' ');
-    let segments = tensors
-        .iter()
-        .zip(&spans)
-        .map(|(t, &(o, len))| Segment {
-            start: base + o,
-            len,
-            file: t.file,
-            rows: t.rows,
-        })
-        .collect();
+    let mut segments = Vec::with_capacity(tensors.len());
+    for (t, &(o, len)) in tensors.iter().zip(&spans) {
+        segments.extend(tensor_segments(t, base + o, len, fmt)?);
+    }
     Layout::new(header, fmt, segments, size)
 }
 

@@ -45,6 +45,7 @@ fn views(ts: &[(usize, String, Vec<u64>)]) -> Vec<ViewTensor<'_>> {
             shape: s,
             n_elements: s.iter().product(),
             rows: None,
+            runs: &[],
         })
         .collect()
 }
