@@ -338,9 +338,8 @@ impl TensorFs {
             &files,
             unserved,
             formats,
-            views,
+            namespace::ServedViews { views, precision },
             hf_dir,
-            precision,
             jobs.is_some(),
         );
         let index = index::IndexJson::build(backend.as_ref(), &ns);

@@ -389,17 +389,23 @@ pub fn partial_model(b: &dyn Backend) -> Option<PartialModel> {
     })
 }
 
+/// The model views built, and the dtype choice their notes come from.
+pub(super) struct ServedViews {
+    pub(super) views: Vec<ViewFile>,
+    pub(super) precision: Precision,
+}
+
 impl Namespace {
     pub(super) fn new(
         b: &dyn Backend,
         files: &[TensorFile],
         unserved: Vec<(String, String)>,
         formats: Vec<ElemFormat>,
-        views: Vec<ViewFile>,
+        views: ServedViews,
         hf: std::result::Result<HfDir, String>,
-        precision: Precision,
         jobs: bool,
     ) -> Namespace {
+        let ServedViews { views, precision } = views;
         // ctl.json is the read-only status (0444, whoever may command the
         // mount): every mount has one, with or without jobs.
         let mut fixed = vec![
