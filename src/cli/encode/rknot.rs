@@ -43,8 +43,9 @@ pub struct RknotArgs {
     /// calibrated (the default: affine blocks chosen with activation
     /// statistics, 4.95 bits per weight, calibrated on a built-in text
     /// unless --calibrate or --calibration-stats is given; on SmolLM2-135M
-    /// about 16% smaller than its Q4_1 GGUF at a held-out perplexity about
-    /// 4% higher, and about 11 minutes on 2 busy cores), faithful (keep
+    /// 15.8% smaller than its Q4_1 GGUF at a held-out perplexity 3.4%
+    /// higher, for 517 s of CPU and 2.0 GB of memory: 48 minutes wall on 2
+    /// cores shared at a load of 12), faithful (keep
     /// every dimension, widths by measured sensitivity; seconds, about the
     /// size of a Q4_1 source; the default when the model cannot be probed:
     /// an unknown architecture, no tokenizer) or seed (drop off-standing
