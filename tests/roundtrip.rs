@@ -329,6 +329,9 @@ fn rknot_case() -> impl Strategy<Value = RknotCase> {
 fn width(coding: &Coding, r: u64, c: u64) -> u8 {
     match coding {
         Coding::Uniform { bits } | Coding::Affine { bits } => *bits,
+        // Not generated here (tests/lossless.rs and the codec's own tests
+        // cover lossless blocks): the coded symbol's width.
+        Coding::Lossless { .. } => coding.bits(),
         Coding::Graded {
             line_axis: Axis::Rows,
             line_bits,

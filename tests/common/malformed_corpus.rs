@@ -646,7 +646,7 @@ fn lossless_cases(c: &mut Corpus) {
     let nibble = |body: &[u8], at: usize, y: usize| (body[at + 1 + y / 2] >> (4 * (y % 2))) & 0xf;
     let set_nibble = |body: &mut [u8], at: usize, y: usize, v: u8| {
         let b = &mut body[at + 1 + y / 2];
-        *b = if y % 2 == 0 {
+        *b = if y.is_multiple_of(2) {
             (*b & 0xf0) | v
         } else {
             (*b & 0x0f) | (v << 4)

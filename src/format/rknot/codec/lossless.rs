@@ -454,7 +454,6 @@ impl Parts<'_> {
         let mut done = 0usize;
         // None when the data is too short for any 8-byte load.
         let limit = data.len().checked_sub(8);
-        let mut syms = [0u32; ROUND];
         for (oc, rc) in out
             .chunks_exact_mut(ROUND)
             .zip(raw.chunks_exact(ROUND * R))
@@ -464,21 +463,22 @@ impl Parts<'_> {
             if pos.iter().any(|&p| p / 8 > limit) {
                 break;
             }
-            for j in 0..STREAMS {
-                let p = pos[j];
-                let mut window = load8(data, p / 8) >> (p % 8);
+            // Each value written as soon as its code is looked up: the four
+            // streams' lookup chains are independent, so the CPU overlaps
+            // them. Positions stay below 8 * data.len() + 48 (checked
+            // above), far from overflowing: plain wrapping adds.
+            for (j, p) in pos.iter_mut().enumerate() {
+                let mut window = load8(data, *p / 8) >> (*p % 8);
                 let mut used = 0u32;
                 for k in 0..4 {
                     let e = u32::from(table[(window & (TABLE_SIZE as u64 - 1)) as usize]);
                     let len = e & 0xf;
                     window >>= len;
-                    used += len;
-                    syms[k * STREAMS + j] = e >> 4;
+                    used = used.wrapping_add(len);
+                    let i = k * STREAMS + j;
+                    oc[i] = emit(e >> 4, raw_at::<R>(rc, i));
                 }
-                pos[j] = p + used as usize;
-            }
-            for (i, o) in oc.iter_mut().enumerate() {
-                *o = emit(syms[i], raw_at::<R>(rc, i));
+                *p = p.wrapping_add(used as usize);
             }
             done += ROUND;
         }
