@@ -137,6 +137,35 @@ pub struct HfParams {
     pub moe: Option<super::MoeParams>,
 }
 
+/// The experts of a model, from its `{arch}.expert_count`,
+/// `expert_used_count` and `expert_feed_forward_length` (else
+/// `feed_forward_length`) keys; None without experts.
+pub fn moe_params(md: &Metadata) -> Result<Option<super::MoeParams>, String> {
+    let arch = md.architecture().unwrap_or("");
+    let n_expert = md.arch_u64("expert_count").unwrap_or(0);
+    if n_expert == 0 {
+        return Ok(None);
+    }
+    let n_used = md
+        .arch_u64("expert_used_count")
+        .filter(|&k| k >= 1 && k <= n_expert)
+        .ok_or_else(|| {
+            format!("{arch}.expert_used_count is missing or not in 1..={n_expert} (the experts)")
+        })?;
+    let expert_ff = match md.arch_u64("expert_feed_forward_length") {
+        Some(f) if f > 0 => f,
+        _ => md
+            .get(&format!("{arch}.feed_forward_length"))
+            .and_then(MetaValue::as_u64)
+            .ok_or_else(|| format!("the model metadata lacks {arch}.feed_forward_length"))?,
+    };
+    Ok(Some(super::MoeParams {
+        n_expert,
+        n_used,
+        expert_ff,
+    }))
+}
+
 fn key_u64(md: &Metadata, arch: &str, k: &str) -> Result<u64, String> {
     md.arch_u64(k)
         .ok_or_else(|| format!("the model metadata lacks {arch}.{k} (an unsigned integer)"))
@@ -155,7 +184,7 @@ pub fn hf_params(md: &Metadata) -> Result<(&'static dyn Architecture, HfParams),
             super::supported_list(false)
         )
     })?;
-    let moe = super::moe::moe_params(md)?;
+    let moe = moe_params(md)?;
     let arch = match moe {
         Some(_) => arch.with_experts(),
         None => arch,

@@ -26,8 +26,7 @@ pub mod rows;
 
 use std::fmt::Debug;
 
-pub use common::{HfParams, Role, hf_params};
-pub use moe::moe_params;
+pub use common::{HfParams, Role, hf_params, moe_params};
 
 /// Every family this crate understands, by `general.architecture`.
 /// Two entries may share a `general.architecture` (llama.cpp stores

@@ -27,8 +27,7 @@
 //! `hf/` serves the fused form, which loads without a conversion.
 
 use super::common::Role;
-use super::{Fused, HfPlace, MoeParams};
-use crate::format::meta::{MetaValue, Metadata};
+use super::{Fused, HfPlace};
 
 /// How a family weighs its chosen experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,35 +84,6 @@ pub fn fused_hf_place(gguf: &str) -> Option<HfPlace> {
         role,
         fused,
     })
-}
-
-/// The experts of a model, from its `{arch}.expert_count`,
-/// `expert_used_count` and `expert_feed_forward_length` (else
-/// `feed_forward_length`) keys; None without experts.
-pub fn moe_params(md: &Metadata) -> Result<Option<MoeParams>, String> {
-    let arch = md.architecture().unwrap_or("");
-    let n_expert = md.arch_u64("expert_count").unwrap_or(0);
-    if n_expert == 0 {
-        return Ok(None);
-    }
-    let n_used = md
-        .arch_u64("expert_used_count")
-        .filter(|&k| k >= 1 && k <= n_expert)
-        .ok_or_else(|| {
-            format!("{arch}.expert_used_count is missing or not in 1..={n_expert} (the experts)")
-        })?;
-    let expert_ff = match md.arch_u64("expert_feed_forward_length") {
-        Some(f) if f > 0 => f,
-        _ => md
-            .get(&format!("{arch}.feed_forward_length"))
-            .and_then(MetaValue::as_u64)
-            .ok_or_else(|| format!("the model metadata lacks {arch}.feed_forward_length"))?,
-    };
-    Ok(Some(MoeParams {
-        n_expert,
-        n_used,
-        expert_ff,
-    }))
 }
 
 /// How a family's checkpoints name each expert's weights: the block
@@ -263,6 +233,9 @@ mod tests {
 
     #[test]
     fn experts_go_to_transformers_fused_tensors() {
+        use super::super::MoeParams;
+        use super::super::common::moe_params;
+        use crate::format::meta::{MetaValue, Metadata};
         let p = |n: &str| fused_hf_place(n).map(|p| (p.name, p.role, p.fused));
         let gate_up = "model.layers.3.mlp.experts.gate_up_proj".to_string();
         let fused = |index| {

@@ -186,15 +186,14 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
     }
     let mut stacked: Vec<(usize, Vec<(usize, u64)>)> = Vec::with_capacity(stacks.len());
     for (gguf, (at, slabs)) in stacks {
-        let (shape, n, bytes, offsets) =
-            stack(&gguf, &slabs, &model.metadata).map_err(|e| e.path(&path))?;
+        let st = stack(&gguf, &slabs, &model.metadata).map_err(|e| e.path(&path))?;
         let first = slabs.first().and_then(Option::as_ref);
         let why = slabs.iter().flatten().find_map(|s| s.why.clone());
         if let Some(s) = first {
-            stored[at] = (s.file, shape, n, s.ty, bytes, s.offset);
+            stored[at] = (s.file, st.shape, st.n, s.ty, st.bytes, s.offset);
         }
         amend[at] = (None, why);
-        stacked.push((at, offsets));
+        stacked.push((at, st.slabs));
     }
     if !stacked.is_empty() {
         notes.push(format!(
@@ -270,16 +269,19 @@ pub(crate) fn from_checkpoint(c: Checkpoint, role: Role) -> Result<DenseBackend>
     Ok(b)
 }
 
+/// A stacked expert tensor: its shape `[n_expert, ...]`, elements, stored
+/// bytes and each slab's (file, absolute offset).
+struct Stacked {
+    shape: Vec<u64>,
+    n: u64,
+    bytes: u64,
+    slabs: Vec<(usize, u64)>,
+}
+
 /// The stacked tensor `gguf` of the experts' tensors `slabs` (expert E
-/// at E): its shape `[n_expert, ...]`, elements, stored bytes and each
-/// slab's (file, offset); an error naming the expert tensor that is
-/// missing or unlike expert 0, or an expert count unlike
-/// `{arch}.expert_count`.
-fn stack(
-    gguf: &str,
-    slabs: &[Option<Slab>],
-    md: &Metadata,
-) -> Result<(Vec<u64>, u64, u64, Vec<(usize, u64)>)> {
+/// at E); an error naming the expert tensor that is missing or unlike
+/// expert 0, or an expert count unlike `{arch}.expert_count`.
+fn stack(gguf: &str, slabs: &[Option<Slab>], md: &Metadata) -> Result<Stacked> {
     let k = slabs.len() as u64;
     if let Some(want) = md.arch_u64("expert_count")
         && want != k
@@ -323,7 +325,12 @@ fn stack(
     let bytes = first.bytes.checked_mul(k).ok_or_else(overflow)?;
     let mut shape = vec![k];
     shape.extend_from_slice(&first.shape);
-    Ok((shape, n, bytes, offsets))
+    Ok(Stacked {
+        shape,
+        n,
+        bytes,
+        slabs: offsets,
+    })
 }
 
 /// A checkpoint tensor's Hugging Face name, beside the GGUF name it is
