@@ -62,7 +62,7 @@ impl TensorFs {
                                     ErrorKind::LengthMismatch,
                                     format!("{got} decoded bytes for a read of {n}"),
                                 )
-                                .tensor(&self.tensor_name(s.file)));
+                                .tensor(self.tensor_name(s.file)));
                             }
                         }
                     }
