@@ -2,12 +2,18 @@
 """llama.cpp on the native view vs the source file (docs/PERFORMANCE.md,
 "llama.cpp on model.native.gguf").
 
-Mounts MODEL (a GGUF) once and runs `llama-completion` greedily on, in
-interleaved rounds (order rotated per round):
+Mounts MODEL (a GGUF, or a .rknot) once and runs `llama-completion`
+greedily on, in interleaved rounds (order rotated per round):
 
-  source  MODEL itself (a local file, in the page cache after round 1)
-  native  MOUNT/model.native.gguf (its stored blocks through the mount)
+  source  a local GGUF of the view's ggml types: MODEL itself for a GGUF;
+          for a .rknot, a local copy of its model.native.gguf (made once,
+          before round 1) (a local file, in the page cache after round 1)
+  native  MOUNT/model.native.gguf (its stored blocks through the mount; a
+          .rknot's re-packed or decoded)
   f32     MOUNT/model.gguf (every tensor F32), for contrast
+
+"x stored" is peak RSS over MODEL's own size (the .rknot's, not its
+view's).
 
 and reports per case the median peak RSS of the llama-completion process
 (ru_maxrss from wait4: mapped file pages it touched included), the prompt
@@ -85,8 +91,21 @@ def main():
     if out.returncode != 0:
         sys.exit(f"rknot-mount failed: {out.stderr}")
     pid = int(re.search(r"\(pid (\d+);", out.stdout).group(1))
-    cases = {"source": model,
-             "native": os.path.join(mp, "model.native.gguf"),
+    native = os.path.join(mp, "model.native.gguf")
+    local = model
+    with open(model, "rb") as f:
+        is_gguf = f.read(4) == b"GGUF"
+    if not is_gguf:
+        # The same ggml types as a local file: the view, copied once.
+        fd, local = tempfile.mkstemp(prefix="rknot-native-local-", suffix=".gguf",
+                                     dir=os.path.dirname(model))
+        os.close(fd)
+        t0 = time.monotonic()
+        subprocess.run(["cp", native, local], check=True)
+        print(f"local copy of the view: {os.path.getsize(local) / 2**20:.1f} MiB "
+              f"({time.monotonic() - t0:.2f} s, a cold mount)", flush=True)
+    cases = {"source": local,
+             "native": native,
              "f32": os.path.join(mp, "model.gguf")}
     names = list(cases)
     rows = {n: [] for n in names}
@@ -103,6 +122,8 @@ def main():
         while os.path.exists(f"/proc/{pid}"):
             time.sleep(0.05)
         os.rmdir(mp)
+        if local != model:
+            os.unlink(local)
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     print(f"\n{model}: {stored / 2**20:.1f} MiB stored; {a.rounds} rounds, "

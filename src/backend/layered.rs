@@ -157,6 +157,31 @@ impl Backend for LayeredBackend {
         }
     }
 
+    fn block_code(&self, index: usize) -> Option<super::BlockCode> {
+        match self.routes.get(index)? {
+            Route::Primary(i) => self.primary.block_code(*i),
+            Route::Fallback(i) => self.fallback.as_ref()?.block_code(*i),
+            Route::Nowhere => None,
+        }
+    }
+
+    fn read_stored_blocks(&self, index: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        match self.routes.get(index) {
+            Some(Route::Primary(i)) => self.primary.read_stored_blocks(*i, offset, buf),
+            Some(Route::Fallback(i)) => match &self.fallback {
+                Some(fb) => fb.read_stored_blocks(*i, offset, buf),
+                None => Err(err(ErrorKind::Unavailable, "no fallback attached")),
+            },
+            // An unavailable table's error, naming why.
+            Some(Route::Nowhere) => self
+                .table
+                .info(index)
+                .map_or(Ok(()), |info| super::check_read(info, 0, 0))
+                .and_then(|()| Err(err(ErrorKind::Unavailable, "served from nowhere"))),
+            None => Err(super::no_such_index(index)),
+        }
+    }
+
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {
         match self.routes.get(index) {
             Some(Route::Primary(i)) => self.primary.read_f32(*i, first_elem, out),

@@ -62,6 +62,32 @@ impl fmt::Display for StoredType {
     }
 }
 
+/// How a tensor's stored blocks are coded, for a view that re-packs them
+/// into ggml blocks without decoding (`fs::views::transcode`). Only codes
+/// whose every block is laid out alike are described.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockCode {
+    /// .rknot affine blocks of one row each (docs/FORMAT.md section 6.3):
+    /// block `b` holds elements `[b * group, (b + 1) * group)` of the
+    /// tensor (row-major; `group` divides the row), as an f16 scale, an
+    /// f16 offset and `group` codes of `bits` bits, LSB-first; every block
+    /// is `4 + group * bits / 8` bytes and they lie back to back, so block
+    /// `b` is bytes `[b * len, (b + 1) * len)` of the tensor's stored
+    /// blocks ([`Backend::read_stored_blocks`]). Value: `code * scale +
+    /// offset` in f32, two roundings. No restricted axis: every value is
+    /// a block's.
+    AffineRows { bits: u8, group: u64 },
+}
+
+impl BlockCode {
+    /// Bytes of one stored block.
+    pub fn block_bytes(self) -> u64 {
+        match self {
+            BlockCode::AffineRows { bits, group } => 4 + (group * u64::from(bits)).div_ceil(8),
+        }
+    }
+}
+
 /// Which side of a layered backend serves a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -235,11 +261,21 @@ pub trait Backend: Send + Sync {
     /// without bytes of its own (an unavailable vocabulary placeholder).
     fn stored_ranges(&self, index: usize) -> Option<StoredRanges<'_>>;
 
-    /// Bytes `[offset, offset + buf.len())` of tensor `index`'s stored ggml
-    /// blocks, verbatim, for a view that serves them as they are stored
-    /// (`model.native.gguf`): through the same checks as [`Backend::read_f32`]
-    /// (the file's CRC-32s, a remote source's pinned version, a wrapper's
-    /// manifest). A backend whose tensors are not ggml blocks refuses.
+    /// How tensor `index`'s stored blocks are coded, when they are no ggml
+    /// type but a view may re-pack them without decoding ([`BlockCode`]);
+    /// None otherwise (ggml blocks, or a code no view re-packs).
+    fn block_code(&self, index: usize) -> Option<BlockCode> {
+        let _ = index;
+        None
+    }
+
+    /// Bytes `[offset, offset + buf.len())` of tensor `index`'s stored
+    /// blocks, verbatim: its ggml blocks, or the blocks [`Self::block_code`]
+    /// describes, for a view that serves or re-packs them as they are
+    /// stored (`model.native.gguf`): through the same checks as
+    /// [`Backend::read_f32`] (the file's CRC-32s, a remote source's pinned
+    /// version, a wrapper's manifest). A backend whose tensors are neither
+    /// refuses.
     fn read_stored_blocks(&self, index: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
         let _ = (offset, buf);
         let name = self

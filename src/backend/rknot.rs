@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use crate::backend::{
-    Availability, Backend, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
+    Availability, Backend, BlockCode, Role, SourceSummary, StoredType, TensorInfo, TensorTable,
     entry_for_read, origin,
 };
 use crate::error::{ErrorKind, Result};
@@ -340,6 +340,69 @@ impl RknotBackend {
     }
 }
 
+impl RknotBackend {
+    /// Bytes `[offset, offset + buf.len())` of a compressed tensor's blocks
+    /// (version 3: back to back from its data offset), each block read
+    /// through [`BlockBytes`]: a file's group CRC-32s verified as for a
+    /// decode.
+    fn read_block_bytes(&self, t: &RknotTensorInfo, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (start, total) = t.blocks.extent().ok_or_else(|| {
+            crate::Error::new(
+                ErrorKind::UnsupportedType,
+                "a version-2 file lists its blocks apart: they are served decoded only",
+            )
+            .tensor(&t.name)
+            .path(self.src.path())
+        })?;
+        check_stored_range(&t.name, total, offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let abs = start + offset;
+        let abs_end = abs + buf.len() as u64;
+        // The block holding byte `abs`: the last one starting at or before
+        // it (blocks are back to back from `start`, so block 0 does).
+        let (mut lo, mut hi) = (0u64, t.grid.n_blocks());
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match t.blocks.get(mid) {
+                Some((off, _)) if off <= abs => lo = mid,
+                _ => hi = mid,
+            }
+        }
+        let mut bytes = BlockBytes::new(t);
+        let mut b = lo;
+        let mut at = abs;
+        while at < abs_end {
+            let (off, raw) = bytes.block(&self.src, b)?;
+            let end = off + raw.len() as u64;
+            if off > at || end <= at {
+                return Err(bytes
+                    .error(&self.src, b, "blocks do not lie back to back")
+                    .at(off));
+            }
+            let hi = end.min(abs_end);
+            buf[(at - abs) as usize..(hi - abs) as usize]
+                .copy_from_slice(&raw[(at - off) as usize..(hi - off) as usize]);
+            at = hi;
+            b += 1;
+        }
+        Ok(())
+    }
+}
+
+/// `[offset, offset + n)` lies inside a tensor's `total` stored bytes.
+fn check_stored_range(name: &str, total: u64, offset: u64, n: usize) -> Result<()> {
+    if offset.checked_add(n as u64).is_none_or(|end| end > total) {
+        return Err(crate::Error::new(
+            ErrorKind::Range,
+            format!("stored bytes [{offset}, {offset}+{n}) are outside the tensor's {total}"),
+        )
+        .tensor(name));
+    }
+    Ok(())
+}
+
 /// The decoded tiles of one row tile a read has visited, by column tile.
 /// A slot per column tile while that is about what the read serves;
 /// otherwise only the tiles visited (a read touches at most one tile per
@@ -426,6 +489,53 @@ impl Backend for RknotBackend {
                 .filter_map(|b| t.blocks.get(b))
                 .map(|(off, len)| (off, u64::from(len))),
         ))
+    }
+
+    /// Affine tensors of one-row blocks that tile their rows: every block
+    /// the same length (a tile of `1 x group`, whose one valid length the
+    /// reader checked at open), back to back.
+    fn block_code(&self, index: usize) -> Option<BlockCode> {
+        let t = self.file.tensors.get(index)?;
+        let g = t.grid;
+        let code = BlockCode::AffineRows {
+            bits: t.bits,
+            group: g.block_cols,
+        };
+        let fits = t.mode == BlockMode::Affine
+            && !t.restrict_rows
+            && !t.restrict_cols
+            && g.block_rows == 1
+            && g.block_cols > 0
+            && t.d_in.is_multiple_of(g.block_cols)
+            && t.blocks.extent().map(|(_, len)| len)
+                == g.n_blocks().checked_mul(code.block_bytes());
+        fits.then_some(code)
+    }
+
+    fn read_stored_blocks(&self, index: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let n_compressed = self.file.tensors.len();
+        if index >= n_compressed {
+            let d = self
+                .file
+                .dense
+                .get(index - n_compressed)
+                .ok_or_else(|| super::no_such_index(index))?;
+            check_stored_range(&d.name, d.length, offset, buf.len())?;
+            return super::dense::read_stored_bytes(
+                &self.src,
+                d.offset,
+                d.sums.as_ref(),
+                offset,
+                buf,
+                &d.name,
+            );
+        }
+        let t = self
+            .file
+            .tensors
+            .get(index)
+            .ok_or_else(|| super::no_such_index(index))?;
+        self.read_block_bytes(t, offset, buf)
     }
 
     fn read_f32(&self, index: usize, first_elem: u64, out: &mut [f32]) -> Result<()> {

@@ -1,12 +1,15 @@
 //! Reads of `model.native.gguf` ([`super::views::native_gguf`]): header
-//! bytes, zeros and ranges of tensors' stored ggml blocks, each read from
-//! the source through [`Backend::read_stored_blocks`] (a local `pread`, or
-//! the remote source's block cache; the file's CRC-32s and a manifest's
-//! checks as for a decode) straight into the reply. No decode, no f32, no
+//! bytes, zeros and ranges of tensors' ggml blocks. Stored ggml blocks are
+//! read from the source through [`Backend::read_stored_blocks`] (a local
+//! `pread`, or the remote source's block cache; the file's CRC-32s and a
+//! manifest's checks as for a decode) straight into the reply; re-packed
+//! ones ([`super::views::transcode`]) from the stored blocks behind them,
+//! their codes moved; the rest decoded to F32 as `model.gguf` serves it. No
 //! decoded-chunk cache: the kernel's page cache keeps what was read.
 //!
 //! [`Backend::read_stored_blocks`]: crate::backend::Backend::read_stored_blocks
 
+use super::views::transcode::{self, SegmentBytes};
 use super::views::{Layout, Piece};
 use super::{ReadData, TensorFs};
 use crate::error::{ErrorKind, Result, err};
@@ -44,11 +47,25 @@ impl TensorFs {
                                     "internal error: a native view segment without its tensor",
                                 )
                             })?;
-                    self.shared.backend.read_stored_blocks(
-                        index,
-                        range.start,
-                        &mut out[at..at + n],
-                    )?;
+                    let b = &*self.shared.backend;
+                    let buf = &mut out[at..at + n];
+                    match l.made(seg) {
+                        SegmentBytes::Stored => b.read_stored_blocks(index, range.start, buf)?,
+                        SegmentBytes::Repacked(r) => {
+                            let name = self.tensor_name(s.file);
+                            transcode::repack_range(b, index, name, r, range, buf)?;
+                        }
+                        SegmentBytes::DecodedF32 => {
+                            let got = b.read_bytes(index, range.start, buf)?;
+                            if got != n {
+                                return Err(err(
+                                    ErrorKind::LengthMismatch,
+                                    format!("{got} decoded bytes for a read of {n}"),
+                                )
+                                .tensor(self.tensor_name(s.file)));
+                            }
+                        }
+                    }
                     at += n;
                 }
             }

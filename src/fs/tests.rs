@@ -144,9 +144,9 @@ fn view_inodes_names_and_sizes() {
         assert_eq!((a.size, a.nlink), (f32a.size / 2, 2));
     }
     let n = list(&fs, ROOT_INO, 7).unwrap().len();
-    // . .. index.json ctl ctl.json, 4 views, hf/, 2 names x 3 formats
+    // . .. index.json ctl ctl.json, 5 views, hf/, 2 names x 3 formats
     // per tensor.
-    assert_eq!(n, 2 + 3 + 4 + 1 + 21 * 2 * 3);
+    assert_eq!(n, 2 + 3 + 5 + 1 + 21 * 2 * 3);
     // hf/: its block of inodes at 2^47.
     let hf = fs.lookup(ROOT_INO, "hf").unwrap();
     assert_eq!((hf.ino, hf.kind), (super::inodes::HF_DIR_INO, Kind::Dir));
@@ -213,13 +213,9 @@ fn building_and_reading_view_headers_decodes_nothing() {
         prefetch_threads: 0,
         ..FsConfig::default()
     });
-    // The root's 5 and hf/'s 3; a .rknot has no native view.
+    // The root's 5 and hf/'s 3 (a .rknot's native view: transcoded).
     assert_eq!(fs.ns.views.len(), 8);
     for v in &fs.ns.views {
-        if v.view == ModelView::NativeGguf {
-            assert!(v.layout.is_err());
-            continue;
-        }
         let l = v.layout.as_ref().unwrap();
         let ino = v.view.ino();
         let fh = open_ro(&fs, ino).unwrap().fh;
@@ -415,10 +411,11 @@ fn views_say_why_they_are_absent() {
     assert_eq!(v["views"]["metadata_from"], "fallback");
     assert_eq!(view(&v, "model.gguf")["available"], true);
     assert_eq!(v["views"]["tensor_formats"], json!(["f32"]));
-    // model.safetensors, model.gguf, model.native.gguf (absent: .rknot
-    // blocks are no ggml type), hf/model.safetensors.
+    // model.safetensors, model.gguf, model.native.gguf (the .rknot's
+    // blocks decoded or re-packed, the fallback's as stored),
+    // hf/model.safetensors.
     assert!(v["views"]["files"].as_array().unwrap().len() == 4);
-    assert_eq!(view(&v, "model.native.gguf")["available"], false);
+    assert_eq!(view(&v, "model.native.gguf")["available"], true);
     assert_eq!(v["views"]["hf"]["available"], true);
     let t0 = &v["tensors"][0]["files"];
     assert_eq!(
@@ -456,9 +453,9 @@ fn namespace_and_attributes() {
         .into_iter()
         .map(|e| e.2)
         .collect();
-    // . .. index.json ctl ctl.json model.safetensors model.gguf hf, 2
-    // names per tensor.
-    assert_eq!(names.len(), 2 + 3 + 2 + 1 + 21 * 2);
+    // . .. index.json ctl ctl.json model.safetensors model.gguf
+    // model.native.gguf hf, 2 names per tensor.
+    assert_eq!(names.len(), 2 + 3 + 3 + 1 + 21 * 2);
     assert!(names.contains(&"index.json".to_string()) && names.contains(&"ctl".to_string()));
     // ctl.json without jobs: the read-only status, for every reader.
     assert!(names.contains(&"ctl.json".to_string()));
@@ -466,7 +463,7 @@ fn namespace_and_attributes() {
     assert_eq!(list(&fs, a.ino, 100), Err(libc::ENOTDIR));
     // hf/: the directory, config.json, generation_config.json and its
     // model.safetensors.
-    assert_eq!(fs.statfs().files, 3 + 21 + 2 + 4);
+    assert_eq!(fs.statfs().files, 3 + 21 + 3 + 4);
 }
 
 #[test]

@@ -9,6 +9,7 @@
 use std::ops::Range;
 
 use super::ElemFormat;
+use super::transcode::SegmentBytes;
 use crate::arch::rows::{RowGroups, RowOrder};
 use crate::error::{ErrorKind, Result, add, err};
 
@@ -93,6 +94,9 @@ pub struct Layout {
     header: Vec<u8>,
     fmt: ElemFormat,
     segments: Vec<Segment>,
+    /// A stored-bytes layout's way of making each segment's bytes (empty:
+    /// every segment is a tensor file in `fmt`).
+    made: Vec<SegmentBytes>,
     size: u64,
 }
 
@@ -143,6 +147,7 @@ impl Layout {
             header,
             fmt,
             segments,
+            made: Vec::new(),
             size,
         })
     }
@@ -152,6 +157,24 @@ impl Layout {
     /// through `fs::native_read`, never through the decoded path (so `fmt`
     /// is F32 only to fill the field).
     pub fn stored(header: Vec<u8>, segments: Vec<Segment>, size: u64) -> Result<Layout> {
+        let made = vec![SegmentBytes::Stored; segments.len()];
+        Layout::transcoded(header, segments, made, size)
+    }
+
+    /// A stored-bytes layout whose segment `i`'s bytes are made as
+    /// `made[i]` says (stored, re-packed or decoded: `fs::views::transcode`).
+    pub fn transcoded(
+        header: Vec<u8>,
+        segments: Vec<Segment>,
+        made: Vec<SegmentBytes>,
+        size: u64,
+    ) -> Result<Layout> {
+        if made.len() != segments.len() {
+            return Err(err(
+                ErrorKind::BadValue,
+                "internal error: a stored-bytes view without one way per segment",
+            ));
+        }
         if segments.iter().any(|s| s.rows.is_some() || s.elem0 != 0) {
             return Err(err(
                 ErrorKind::BadValue,
@@ -184,8 +207,15 @@ impl Layout {
             header,
             fmt: ElemFormat::F32,
             segments,
+            made,
             size,
         })
+    }
+
+    /// How segment `seg` of a stored-bytes layout is made (stored bytes for
+    /// any other layout).
+    pub fn made(&self, seg: usize) -> SegmentBytes {
+        self.made.get(seg).copied().unwrap_or(SegmentBytes::Stored)
     }
 
     pub fn header(&self) -> &[u8] {

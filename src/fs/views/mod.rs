@@ -27,6 +27,7 @@ mod gguf;
 mod layout;
 mod native;
 mod safetensors;
+pub mod transcode;
 
 pub use self::gguf::{gguf, gguf_metadata, gguf_missing_keys, gguf_missing_tensors};
 pub use self::layout::{Layout, Piece, Segment, chunks_after};

@@ -918,6 +918,10 @@ impl Backend for IntegrityBackend {
         self.integrity.after_decode(gate)
     }
 
+    fn block_code(&self, index: usize) -> Option<crate::backend::BlockCode> {
+        self.inner.block_code(index)
+    }
+
     fn source_files(&self) -> Vec<&SourceFile> {
         self.inner.source_files()
     }
