@@ -315,6 +315,11 @@ needs! { [hf, fuse]
             let got = std::fs::read(m.path(&format!("{name}.f32"))).unwrap();
             assert!(got == f32, "{name}.f32 differs from the checkpoint's values");
         }
+        // A lossless encode of a bf16 checkpoint is a bf16 source: hf/
+        // comes in bf16 (fs::precision), the checkpoint's own bytes.
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(m.path("hf/config.json")).unwrap()).unwrap();
+        assert_eq!(config["torch_dtype"], "bfloat16", "{config}");
         let logits = d.join("logits.pt");
         let said = hf_python(CHECK_LOGITS, &[&m.path("hf"), &ckpt, &logits]);
         assert!(said.contains("LOGITS EQUAL"), "{said}");

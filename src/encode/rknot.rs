@@ -48,10 +48,13 @@ pub enum Profile {
 }
 
 impl Profile {
+    /// No "default" spelling: `rknot encode rknot`'s default is the
+    /// calibrated profile while a ctl job's is faithful, so the word would
+    /// mean two things.
     pub fn parse(s: &str) -> Option<Profile> {
         match s {
             "seed" => Some(Profile::Seed),
-            "faithful" | "default" => Some(Profile::Faithful),
+            "faithful" => Some(Profile::Faithful),
             "calibrated" => Some(Profile::Calibrated),
             "lossless" => Some(Profile::Lossless),
             _ => None,

@@ -21,6 +21,7 @@ use super::elem::ElemFormat;
 use super::files::{TensorFile, ViewFile};
 use super::views::ModelView;
 use crate::backend::{Backend, StoredType, TensorInfo};
+use crate::format::rknot::LosslessFloat;
 use crate::quant::GgmlType;
 
 /// Largest tensor whose values are checked at mount (a norm or bias).
@@ -208,7 +209,7 @@ fn half_share(infos: &[&TensorInfo]) -> Option<ElemFormat> {
     let bytes = |ty: GgmlType| -> u64 {
         infos
             .iter()
-            .filter(|i| i.shape.len() >= 2 && i.stored == StoredType::Ggml(ty))
+            .filter(|i| i.shape.len() >= 2 && stored_float_type(&i.stored) == Some(ty))
             .map(|i| i.stored_bytes)
             .sum()
     };
@@ -223,7 +224,7 @@ fn half_share(infos: &[&TensorInfo]) -> Option<ElemFormat> {
 /// Whether every value of a tensor stored as `stored` is exact in `fmt`
 /// by its type alone.
 fn stored_exact_in(stored: &StoredType, fmt: ElemFormat) -> bool {
-    let StoredType::Ggml(ty) = stored else {
+    let Some(ty) = stored_float_type(stored) else {
         return fmt == ElemFormat::F32;
     };
     match fmt {
@@ -236,9 +237,25 @@ fn stored_exact_in(stored: &StoredType, fmt: ElemFormat) -> bool {
 
 fn is_float(stored: &StoredType) -> bool {
     matches!(
-        stored,
-        StoredType::Ggml(GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::F64)
+        stored_float_type(stored),
+        Some(GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 | GgmlType::F64)
     )
+}
+
+/// The ggml type whose values a tensor holds exactly as stored: its own
+/// for ggml blocks; for a .rknot's lossless blocks the float type they
+/// code (a lossless encode of a bf16 checkpoint is a bf16 source); None
+/// for the lossy codes.
+fn stored_float_type(stored: &StoredType) -> Option<GgmlType> {
+    match stored {
+        StoredType::Ggml(ty) => Some(*ty),
+        StoredType::RknotLossless(float) => Some(match float {
+            LosslessFloat::Bf16 => GgmlType::Bf16,
+            LosslessFloat::F16 => GgmlType::F16,
+            LosslessFloat::F32 => GgmlType::F32,
+        }),
+        _ => None,
+    }
 }
 
 /// Whether each decoded value of tensor `index` converts to f16 / bf16
@@ -296,5 +313,24 @@ mod tests {
         };
         assert!(stored_exact_in(&rk, ElemFormat::F32));
         assert!(!stored_exact_in(&rk, ElemFormat::Bf16));
+        // Lossless blocks hold their float type's values exactly.
+        let lossless = StoredType::RknotLossless;
+        assert!(stored_exact_in(
+            &lossless(LosslessFloat::Bf16),
+            ElemFormat::Bf16
+        ));
+        assert!(!stored_exact_in(
+            &lossless(LosslessFloat::Bf16),
+            ElemFormat::F16
+        ));
+        assert!(stored_exact_in(
+            &lossless(LosslessFloat::F16),
+            ElemFormat::F16
+        ));
+        assert!(!stored_exact_in(
+            &lossless(LosslessFloat::F32),
+            ElemFormat::Bf16
+        ));
+        assert!(is_float(&lossless(LosslessFloat::F32)));
     }
 }
