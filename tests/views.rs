@@ -415,8 +415,12 @@ names = json.loads(sys.argv[2])
 def bf16_bits(a):
     u = a.view("<u4").astype(np.uint64)
     r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    # A NaN keeps its sign and payload's high bits, signalling or not (the
+    # bits a bf16 source's NaN had); the quiet bit only where the payload
+    # would vanish (it must stay a NaN): fs::elem::keep_nans.
     nan = np.isnan(a)
-    r[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+    h = (u[nan] >> 16).astype(np.uint16)
+    r[nan] = np.where(h & 0x7F == 0, h | 0x40, h)
     return r
 def check(name, a):
     h = np.fromfile(f"{mp}/{name}.f16", "<u2")
