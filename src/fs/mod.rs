@@ -250,8 +250,13 @@ impl TensorFs {
         // on two threads, GGUF and safetensors apart: the GGUF one is the
         // longest job.
         let started = Instant::now();
-        let precision =
-            precision::Precision::decide(backend.as_ref(), &files, config.hf_dtype, &formats[1..]);
+        let precision = precision::Precision::decide(
+            backend.as_ref(),
+            &files,
+            config.hf_dtype,
+            &formats[1..],
+            config.integrity.is_none(),
+        );
         log::info!(
             "model.safetensors and hf/ in {} ({})",
             precision.main.dtype(),

@@ -88,12 +88,17 @@ pub struct Precision {
 impl Precision {
     /// Decide for the served `files` of `b`, as `option` asks. `also`:
     /// the other formats views are built in (`--views`), whose exactness
-    /// the notes report too.
+    /// the notes report too. `check_values`: whether small float tensors
+    /// may be read at mount to see whether their values fit a half type
+    /// (false under a manifest: a read there is checked, or held until the
+    /// background check of a plain SHA256SUMS ends, before the mount
+    /// answers; such tensors then count as not exact).
     pub(super) fn decide(
         b: &dyn Backend,
         files: &[TensorFile],
         option: HfDtype,
         also: &[ElemFormat],
+        check_values: bool,
     ) -> Precision {
         let entries = b.tensors().entries();
         let infos: Vec<&TensorInfo> = files.iter().map(|f| &entries[f.index]).collect();
@@ -118,8 +123,9 @@ impl Precision {
                     need_values = true;
                 }
             }
-            let checkable =
-                is_float(&info.stored) && info.n_elements <= VALUE_CHECK_ELEMS.min(budget);
+            let checkable = check_values
+                && is_float(&info.stored)
+                && info.n_elements <= VALUE_CHECK_ELEMS.min(budget);
             if need_values && checkable {
                 budget -= info.n_elements;
                 if let Some((in_f16, in_bf16)) = values_fit(b, files[f].index, info.n_elements) {
