@@ -2,6 +2,7 @@
 //!
 //! Layers, bottom up (see docs/ARCHITECTURE.md):
 //! - [`source`]: positioned reads of source files (no mmap, no SIGBUS);
+//! - [`simd`]: which vector build of a kernel runs (detected once);
 //! - [`quant`]: ggml dequantization kernels;
 //! - [`format`]: readers and writers of .rknot, SK32, dense .knot and GGUF;
 //! - [`names`]: tensor spelling and aliasing;
@@ -27,6 +28,7 @@ pub mod probe;
 pub mod progress;
 pub mod quant;
 pub mod report;
+pub mod simd;
 pub mod source;
 pub mod synth;
 pub mod text;
