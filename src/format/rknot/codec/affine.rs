@@ -180,7 +180,7 @@ fn unpack_words(
     };
     let mut done = 0;
     for group in out.chunks_exact_mut(8) {
-        let Some(word) = codes.get(byte..byte + 8) else {
+        let Some(word) = byte.checked_add(8).and_then(|end| codes.get(byte..end)) else {
             break;
         };
         let mut w = [0u8; 8];
@@ -203,9 +203,6 @@ mod tests {
         Axis, BlockMode, BlockTable, TileGrid, check_block, decode_block, decode_block_rows,
     };
 
-    /// Affine blocks (section 6.3): the documented example, every width
-    /// against a plain f32 evaluation of `code * scale + offset`, runs of
-    /// rows against the whole tile, and the blocks a reader refuses.
     /// The eight-codes-per-load unpack reads the codes the bit reader
     /// reads, for every width, start bit and length (tails included).
     #[test]
@@ -234,6 +231,9 @@ mod tests {
         }
     }
 
+    /// Affine blocks (section 6.3): the documented example, every width
+    /// against a plain f32 evaluation of `code * scale + offset`, runs of
+    /// rows against the whole tile, and the blocks a reader refuses.
     #[test]
     fn affine_blocks_decode_as_specified() {
         use half::f16;
